@@ -1,0 +1,265 @@
+//! The synchronous detection pipeline for one model instance.
+
+use std::time::{Duration, Instant};
+
+use peregrine_backend::{Backend, InputBatch, OutputBuffer};
+use peregrine_types::{DetectParams, Detection};
+use peregrine_vision::normalize::rgb8_to_planar_f32;
+use peregrine_vision::{DetectorSpec, ImageView, Letterbox, LetterboxCanvas, Postprocessor};
+
+use crate::EngineError;
+
+/// Choices made when a detector is built.
+#[derive(Debug, Clone, Default)]
+pub struct DetectorConfig {
+    /// Input (height, width) for models with dynamic spatial dimensions; `None` uses the
+    /// model's metadata, then 640x640.
+    pub imgsz: Option<(usize, usize)>,
+    /// Most images per model run; 0 means 1. A model with a fixed batch dimension runs at
+    /// exactly that size.
+    pub max_batch: usize,
+}
+
+/// Where the time of one [`Detector::detect`] call went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageTimings {
+    pub preprocess: Duration,
+    pub inference: Duration,
+    pub postprocess: Duration,
+}
+
+impl StageTimings {
+    pub fn total(&self) -> Duration {
+        self.preprocess + self.inference + self.postprocess
+    }
+}
+
+/// One model instance with its reusable buffers.
+pub struct Detector {
+    backend: Box<dyn Backend>,
+    spec: DetectorSpec,
+    batch_size: usize,
+    pad_to_fixed_batch: bool,
+    canvas: LetterboxCanvas,
+    input: Vec<f32>,
+    output: OutputBuffer,
+    post: Postprocessor,
+    letterboxes: Vec<Letterbox>,
+}
+
+impl std::fmt::Debug for Detector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detector")
+            .field("spec", &self.spec)
+            .field("batch_size", &self.batch_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Detector {
+    pub fn new(backend: Box<dyn Backend>, config: &DetectorConfig) -> Result<Self, EngineError> {
+        let spec = DetectorSpec::from_model(backend.description(), config.imgsz)?;
+        let (batch_size, pad_to_fixed_batch) = match spec.fixed_batch {
+            Some(n) => (n.max(1), true),
+            None => (config.max_batch.max(1), false),
+        };
+        Ok(Self {
+            backend,
+            spec,
+            batch_size,
+            pad_to_fixed_batch,
+            canvas: LetterboxCanvas::new(),
+            input: Vec::new(),
+            output: OutputBuffer::default(),
+            post: Postprocessor::new(),
+            letterboxes: Vec::new(),
+        })
+    }
+
+    pub fn spec(&self) -> &DetectorSpec {
+        &self.spec
+    }
+
+    /// Most images one model run takes.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Detects objects in each image; the result has one list per image, in order, each
+    /// best first. Runs the model as many times as the batch size requires.
+    pub fn detect(
+        &mut self,
+        images: &[ImageView<'_>],
+        params: &DetectParams,
+    ) -> Result<(Vec<Vec<Detection>>, StageTimings), EngineError> {
+        let mut results = Vec::with_capacity(images.len());
+        let mut timings = StageTimings::default();
+        for chunk in images.chunks(self.batch_size) {
+            self.run_chunk(chunk, params, &mut results, &mut timings)?;
+        }
+        Ok((results, timings))
+    }
+
+    fn run_chunk(
+        &mut self,
+        images: &[ImageView<'_>],
+        params: &DetectParams,
+        results: &mut Vec<Vec<Detection>>,
+        timings: &mut StageTimings,
+    ) -> Result<(), EngineError> {
+        let started = Instant::now();
+        let n = images.len();
+        let run_n = if self.pad_to_fixed_batch {
+            self.batch_size
+        } else {
+            n
+        };
+        let (h, w) = (self.spec.input_height, self.spec.input_width);
+        let slot = self.spec.image_len();
+        self.input.resize(run_n * slot, 0.0);
+        self.letterboxes.clear();
+        for (i, img) in images.iter().enumerate() {
+            let lb = self.canvas.fill(*img, w, h);
+            rgb8_to_planar_f32(self.canvas.pixels(), &mut self.input[i * slot..(i + 1) * slot]);
+            self.letterboxes.push(lb);
+        }
+        // Unused slots of a fixed-size batch are computed and ignored; zero them so they
+        // cost the same every time.
+        self.input[n * slot..].fill(0.0);
+        let preprocessed = Instant::now();
+
+        self.backend.run(
+            InputBatch {
+                shape: [run_n, 3, h, w],
+                data: &self.input,
+            },
+            &mut self.output,
+        )?;
+        let inferred = Instant::now();
+
+        let rows = self.spec.layout.candidates_per_image(&self.output.shape)?;
+        let got = self.output.shape[0];
+        if got != run_n {
+            return Err(EngineError::BatchMismatch { got, want: run_n });
+        }
+        let per_image = self.output.data.len() / got.max(1);
+        for (i, lb) in self.letterboxes.iter().enumerate() {
+            let mut dets = Vec::new();
+            let out = &self.output.data[i * per_image..(i + 1) * per_image];
+            self.post
+                .process(self.spec.layout, out, rows, params, lb, &mut dets);
+            results.push(dets);
+        }
+        let done = Instant::now();
+        timings.preprocess += preprocessed - started;
+        timings.inference += inferred - preprocessed;
+        timings.postprocess += done - inferred;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peregrine_backend::{BackendError, ModelDescription};
+    use peregrine_types::model::ElementType;
+    use peregrine_types::{Dim, TensorDescription};
+    use std::sync::{Arc, Mutex};
+
+    /// A backend that returns a fixed end-to-end row per image and records batch shapes.
+    struct FakeBackend {
+        description: ModelDescription,
+        seen: Arc<Mutex<Vec<[usize; 4]>>>,
+    }
+
+    impl FakeBackend {
+        fn new(batch: Dim) -> (Self, Arc<Mutex<Vec<[usize; 4]>>>) {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let t = |name: &str, dims| TensorDescription {
+                name: name.into(),
+                element: ElementType::F32,
+                dims,
+            };
+            let description = ModelDescription {
+                inputs: vec![t(
+                    "images",
+                    vec![batch, Dim::Fixed(3), Dim::Fixed(64), Dim::Fixed(64)],
+                )],
+                outputs: vec![t("output0", vec![batch, Dim::Fixed(2), Dim::Fixed(6)])],
+                metadata: [("end2end".to_string(), "True".to_string())].into(),
+            };
+            (
+                Self {
+                    description,
+                    seen: seen.clone(),
+                },
+                seen,
+            )
+        }
+    }
+
+    impl Backend for FakeBackend {
+        fn description(&self) -> &ModelDescription {
+            &self.description
+        }
+
+        fn run(&mut self, input: InputBatch<'_>, output: &mut OutputBuffer) -> Result<(), BackendError> {
+            self.seen.lock().unwrap().push(input.shape);
+            let n = input.shape[0];
+            output.shape = vec![n, 2, 6];
+            output.data.clear();
+            for i in 0..n {
+                // The mean of the image's first plane tells images apart.
+                let plane = &input.data[i * 3 * 64 * 64..][..64 * 64];
+                let mean = plane.iter().sum::<f32>() / plane.len() as f32;
+                output.data.extend_from_slice(&[0.0, 0.0, 32.0, 32.0, mean, 1.0]);
+                output.data.extend_from_slice(&[0.0, 0.0, 1.0, 1.0, 0.01, 0.0]);
+            }
+            Ok(())
+        }
+    }
+
+    fn gray(v: u8) -> Vec<u8> {
+        vec![v; 64 * 64 * 3]
+    }
+
+    #[test]
+    fn batches_are_split_and_results_stay_in_order() {
+        let (backend, seen) = FakeBackend::new(Dim::Dynamic);
+        let mut det = Detector::new(
+            Box::new(backend),
+            &DetectorConfig {
+                imgsz: None,
+                max_batch: 2,
+            },
+        )
+        .unwrap();
+        let pixels = [gray(255), gray(128), gray(200)];
+        let views: Vec<_> = pixels
+            .iter()
+            .map(|p| ImageView::packed(p, 64, 64).unwrap())
+            .collect();
+        let (res, _) = det.detect(&views, &DetectParams::default()).unwrap();
+        assert_eq!(*seen.lock().unwrap(), [[2, 3, 64, 64], [1, 3, 64, 64]]);
+        let scores: Vec<f32> = res.iter().map(|d| d[0].score).collect();
+        assert!((scores[0] - 1.0).abs() < 1e-3 && (scores[1] - 128.0 / 255.0).abs() < 1e-3);
+        assert!((scores[2] - 200.0 / 255.0).abs() < 1e-3);
+        assert!(res.iter().all(|d| d.len() == 1), "the 0.01 row is under conf");
+    }
+
+    #[test]
+    fn fixed_batch_models_get_padded_batches() {
+        let (backend, seen) = FakeBackend::new(Dim::Fixed(4));
+        let mut det = Detector::new(Box::new(backend), &DetectorConfig::default()).unwrap();
+        assert_eq!(det.batch_size(), 4);
+        let p = gray(255);
+        let (res, _) = det
+            .detect(
+                &[ImageView::packed(&p, 64, 64).unwrap()],
+                &DetectParams::default(),
+            )
+            .unwrap();
+        assert_eq!(*seen.lock().unwrap(), [[4, 3, 64, 64]]);
+        assert_eq!(res.len(), 1);
+    }
+}

@@ -1,0 +1,60 @@
+//! Loading the detection model: a file given by the user, or the one built into the binary.
+
+use anyhow::{Context, Result};
+use peregrine_backend::{OrtBackend, SessionConfig};
+use peregrine_engine::{Detector, DetectorConfig};
+use peregrine_types::{ClassNames, DetectParams, ParamsError};
+
+use crate::cli::{ModelArgs, ThresholdArgs};
+
+/// YOLO11n (COCO, 80 classes), so `peregrine detect photo.jpg` works with no model at hand.
+/// Ultralytics' weights, AGPL-3.0: see models/NOTICE.
+pub static EMBEDDED_MODEL: &[u8] =
+    include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/yolo11n.onnx"));
+
+/// Loads the model the arguments name into a ready detector.
+pub fn load_detector(args: &ModelArgs, max_batch: usize) -> Result<Detector> {
+    let session = SessionConfig {
+        intra_threads: args.threads,
+        runtime_path: args.ort_lib.clone(),
+        ..Default::default()
+    };
+    let backend = match &args.model {
+        Some(path) => OrtBackend::from_file(path, &session)
+            .with_context(|| format!("loading model {}", path.display()))?,
+        None => OrtBackend::from_bytes(EMBEDDED_MODEL, &session).context("loading the embedded model")?,
+    };
+    let config = DetectorConfig {
+        imgsz: args.imgsz,
+        max_batch,
+    };
+    Ok(Detector::new(Box::new(backend), &config)?)
+}
+
+/// Builds validated detection parameters, resolving class names against the model's.
+pub fn detect_params(args: &ThresholdArgs, names: &ClassNames) -> Result<DetectParams, ParamsError> {
+    let classes = if args.classes.is_empty() {
+        None
+    } else {
+        let ids = args
+            .classes
+            .iter()
+            .map(|c| {
+                let c = c.trim();
+                c.parse::<u32>()
+                    .ok()
+                    .or_else(|| names.id_of(c))
+                    .ok_or_else(|| ParamsError::UnknownClass(c.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Some(ids)
+    };
+    let params = DetectParams {
+        conf: args.conf,
+        iou: args.iou,
+        max_det: args.max_det,
+        classes,
+    };
+    params.validate()?;
+    Ok(params)
+}

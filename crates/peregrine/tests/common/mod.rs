@@ -1,0 +1,85 @@
+//! Helpers shared by the CLI integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// The shared test material beside the checkout (`PEREGRINE_SHARED` overrides).
+pub fn shared_dir() -> PathBuf {
+    let dir = std::env::var_os("PEREGRINE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    assert!(
+        dir.join("images").is_dir(),
+        "test material not found at {} (set PEREGRINE_SHARED)",
+        dir.display()
+    );
+    dir
+}
+
+pub fn peregrine(args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_peregrine"))
+        .args(args)
+        .output()
+        .expect("the peregrine binary runs")
+}
+
+/// Runs `peregrine` and parses each stdout line as JSON; panics with stderr on failure.
+pub fn detect_json(args: &[String]) -> Vec<Value> {
+    let out = peregrine(args);
+    assert!(
+        out.status.success(),
+        "peregrine {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Det {
+    pub class_id: u64,
+    pub score: f64,
+    pub bbox: [f64; 4],
+}
+
+impl Det {
+    pub fn list(v: &Value) -> Vec<Det> {
+        v.as_array()
+            .expect("detections is an array")
+            .iter()
+            .map(|d| {
+                let b: Vec<f64> = d["box"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect();
+                Det {
+                    class_id: d["class_id"].as_u64().unwrap(),
+                    score: d["score"].as_f64().unwrap(),
+                    bbox: [b[0], b[1], b[2], b[3]],
+                }
+            })
+            .collect()
+    }
+
+    pub fn iou(&self, o: &Det) -> f64 {
+        let [a1, b1, a2, b2] = self.bbox;
+        let [c1, d1, c2, d2] = o.bbox;
+        let iw = (a2.min(c2) - a1.max(c1)).max(0.0);
+        let ih = (b2.min(d2) - b1.max(d1)).max(0.0);
+        let inter = iw * ih;
+        let union = (a2 - a1) * (b2 - b1) + (c2 - c1) * (d2 - d1) - inter;
+        if union > 0.0 {
+            inter / union
+        } else {
+            0.0
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Parity with Ultralytics: the CLI's detections on `shared/images` against the reference
+//! detections Ultralytics' own pipeline produced, for each shared model.
+//!
+//! A reference detection is found when Peregrine has one of the same class with IoU >= 0.9
+//! and a score within 0.02; at least 99% must be found, and at least 99% of Peregrine's
+//! detections must match a reference one.
+
+mod common;
+
+use common::{shared_dir, Det};
+use serde_json::Value;
+
+fn reference(model: &str) -> Vec<(String, Vec<Det>)> {
+    let path = shared_dir().join("reference").join(format!("{model}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let images = v["images"].as_object().expect("reference has an images map");
+    images
+        .iter()
+        .map(|(name, img)| (name.clone(), Det::list(&img["detections"])))
+        .collect()
+}
+
+/// Greedy one-to-one matching, best IoU first; returns the number of matched pairs.
+fn matches(a: &[Det], b: &[Det]) -> usize {
+    let mut pairs = Vec::new();
+    for (i, x) in a.iter().enumerate() {
+        for (j, y) in b.iter().enumerate() {
+            let iou = x.iou(y);
+            if x.class_id == y.class_id && iou >= 0.9 && (x.score - y.score).abs() <= 0.02 {
+                pairs.push((iou, i, j));
+            }
+        }
+    }
+    pairs.sort_by(|p, q| q.0.total_cmp(&p.0));
+    let (mut used_a, mut used_b) = (vec![false; a.len()], vec![false; b.len()]);
+    let mut n = 0;
+    for (_, i, j) in pairs {
+        if !used_a[i] && !used_b[j] {
+            used_a[i] = true;
+            used_b[j] = true;
+            n += 1;
+        }
+    }
+    n
+}
+
+fn check_parity(model: &str) {
+    let refs = reference(model);
+    let model_path = shared_dir().join("models").join(format!("{model}.onnx"));
+    let images: Vec<String> = refs
+        .iter()
+        .map(|(name, _)| shared_dir().join("images").join(name).display().to_string())
+        .collect();
+    let mut args = vec![
+        "detect".to_string(),
+        "--model".into(),
+        model_path.display().to_string(),
+    ];
+    args.extend(images);
+    let ours = common::detect_json(&args);
+    assert_eq!(ours.len(), refs.len(), "one JSON line per image");
+
+    let (mut ref_total, mut ours_total, mut matched) = (0, 0, 0);
+    for ((name, ref_dets), line) in refs.iter().zip(&ours) {
+        assert!(line["image"].as_str().unwrap().ends_with(name.as_str()));
+        let our_dets = Det::list(&line["detections"]);
+        let m = matches(ref_dets, &our_dets);
+        if m != ref_dets.len() || m != our_dets.len() {
+            eprintln!(
+                "{model} {name}: reference {}, ours {}, matched {m}",
+                ref_dets.len(),
+                our_dets.len()
+            );
+        }
+        ref_total += ref_dets.len();
+        ours_total += our_dets.len();
+        matched += m;
+    }
+    let recall = matched as f64 / ref_total as f64;
+    let precision = matched as f64 / ours_total as f64;
+    eprintln!("{model}: {matched} matched of {ref_total} reference and {ours_total} ours (recall {recall:.4}, precision {precision:.4})");
+    assert!(ref_total > 20, "the reference should not be trivially small");
+    assert!(recall >= 0.99, "{model}: recall {recall:.4} < 0.99");
+    assert!(precision >= 0.99, "{model}: precision {precision:.4} < 0.99");
+}
+
+#[test]
+fn parity_yolo11n() {
+    check_parity("yolo11n");
+}
+
+#[test]
+fn parity_yolo26n_end_to_end() {
+    check_parity("yolo26n-e2e");
+}
+
+#[test]
+fn embedded_model_matches_the_shared_yolo11n() {
+    let img = shared_dir().join("images/bus.jpg").display().to_string();
+    let embedded = common::detect_json(&["detect".into(), img.clone()]);
+    let model = shared_dir().join("models/yolo11n.onnx").display().to_string();
+    let explicit = common::detect_json(&["detect".into(), "--model".into(), model, img]);
+    assert_eq!(embedded[0]["detections"], explicit[0]["detections"]);
+    assert!(!embedded[0]["detections"].as_array().unwrap().is_empty());
+}

@@ -1,0 +1,14 @@
+//! Plain data shared by every Peregrine crate.
+//!
+//! Nothing here does I/O, spawns threads or knows a wire format: these are the nouns the
+//! rest of the system talks in. [`geometry`] holds boxes and detections, [`model`] the facts
+//! a loaded model exposes (tensor shapes, metadata, class names), and [`params`] the knobs a
+//! caller turns per request (thresholds, class filter).
+
+pub mod geometry;
+pub mod model;
+pub mod params;
+
+pub use geometry::{BBox, Detection};
+pub use model::{ClassNames, Dim, ModelDescription, TensorDescription};
+pub use params::{DetectParams, ParamsError};

@@ -1,0 +1,91 @@
+//! What a loaded model tells us about itself, independent of the runtime that loaded it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One dimension of a tensor as the model declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dim {
+    Fixed(usize),
+    /// Symbolic or unknown: the caller chooses it at run time.
+    Dynamic,
+}
+
+impl Dim {
+    pub fn fixed(self) -> Option<usize> {
+        match self {
+            Dim::Fixed(n) => Some(n),
+            Dim::Dynamic => None,
+        }
+    }
+}
+
+/// Element types the pipeline cares about; everything else is carried by name for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ElementType {
+    F32,
+    F16,
+    U8,
+    Other(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorDescription {
+    pub name: String,
+    pub element: ElementType,
+    pub dims: Vec<Dim>,
+}
+
+/// The model as a backend sees it: its tensors and the free-form metadata it carries
+/// (Ultralytics exports put `names`, `imgsz`, `stride` and `end2end` there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelDescription {
+    pub inputs: Vec<TensorDescription>,
+    pub outputs: Vec<TensorDescription>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Class id to name. Ids beyond the table are named `class<id>` rather than failing, since
+/// a model without names metadata is still useful.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClassNames(Arc<[String]>);
+
+impl ClassNames {
+    pub fn new(names: Vec<String>) -> Self {
+        Self(names.into())
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn get(&self, id: u32) -> Option<&str> {
+        self.0.get(id as usize).map(String::as_str)
+    }
+
+    /// The display name; unnamed ids get a stable placeholder.
+    pub fn name(&self, id: u32) -> std::borrow::Cow<'_, str> {
+        match self.get(id) {
+            Some(n) => n.into(),
+            None => format!("class{id}").into(),
+        }
+    }
+
+    /// Looks a class up by name (exact, then case-insensitive).
+    pub fn id_of(&self, name: &str) -> Option<u32> {
+        let pos = self
+            .0
+            .iter()
+            .position(|n| n == name)
+            .or_else(|| self.0.iter().position(|n| n.eq_ignore_ascii_case(name)))?;
+        u32::try_from(pos).ok()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+}

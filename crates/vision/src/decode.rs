@@ -1,0 +1,381 @@
+//! Encoded image bytes to 8-bit RGB.
+//!
+//! The pixel limit is checked against the dimensions in the header, so a 100-byte file that
+//! claims to be 100000x100000 is refused before a single buffer is allocated.
+
+use std::io::Cursor;
+
+use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, RgbImage};
+
+/// Bounds applied while decoding untrusted input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeLimits {
+    /// Largest accepted `width * height`.
+    pub max_pixels: u64,
+}
+
+impl DecodeLimits {
+    pub const DEFAULT_MAX_PIXELS: u64 = 50_000_000;
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        Self {
+            max_pixels: Self::DEFAULT_MAX_PIXELS,
+        }
+    }
+}
+
+/// A decoded, upright image.
+#[derive(Debug, Clone)]
+pub struct DecodedImage {
+    pub format: ImageFormat,
+    pub rgb: RgbImage,
+}
+
+impl DecodedImage {
+    pub fn width(&self) -> u32 {
+        self.rgb.width()
+    }
+
+    pub fn height(&self) -> u32 {
+        self.rgb.height()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("the image is empty (0 bytes)")]
+    Empty,
+    #[error("the data is not an image in a supported format (JPEG, PNG, WebP, BMP)")]
+    UnknownFormat,
+    #[error("{0} images are not supported; send JPEG, PNG, WebP or BMP")]
+    UnsupportedFormat(String),
+    #[error("the image has zero width or height")]
+    ZeroSize,
+    #[error(
+        "the image is {width}x{height} pixels, over the limit of {max_pixels} pixels \
+         (raise max-pixels to accept it)"
+    )]
+    TooLarge {
+        width: u32,
+        height: u32,
+        max_pixels: u64,
+    },
+    #[error("the {format} data is corrupt or truncated: {reason}")]
+    Malformed { format: String, reason: String },
+}
+
+fn format_name(format: ImageFormat) -> String {
+    match format {
+        ImageFormat::Jpeg => "JPEG".into(),
+        ImageFormat::Png => "PNG".into(),
+        ImageFormat::WebP => "WebP".into(),
+        ImageFormat::Bmp => "BMP".into(),
+        other => format!("{other:?}").to_uppercase(),
+    }
+}
+
+fn is_supported(format: ImageFormat) -> bool {
+    matches!(
+        format,
+        ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::WebP | ImageFormat::Bmp
+    )
+}
+
+/// Decodes a JPEG with libjpeg-turbo (the decoder OpenCV uses, so pixels match the
+/// reference pipeline bit for bit). Returns `None` for the colour spaces libjpeg-turbo cannot
+/// convert to RGB (CMYK, YCCK), which the generic decoder then handles.
+fn decode_jpeg_turbo(bytes: &[u8]) -> Result<Option<DecodedImage>, DecodeError> {
+    let malformed = |reason: String| DecodeError::Malformed {
+        format: "JPEG".into(),
+        reason,
+    };
+    // EXIF orientation comes from the image crate's header parser, which reads no pixels.
+    let orientation = image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes))
+        .and_then(|mut d| d.orientation())
+        .map_err(|e| malformed(e.to_string()))?;
+    let mut decompressor = turbojpeg::Decompressor::new().map_err(|e| malformed(e.to_string()))?;
+    let header = decompressor
+        .read_header(bytes)
+        .map_err(|e| malformed(e.to_string()))?;
+    if matches!(
+        header.colorspace,
+        turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
+    ) {
+        return Ok(None);
+    }
+    let (width, height) = (header.width, header.height);
+    let mut pixels = vec![0u8; width * height * 3];
+    let target = turbojpeg::Image {
+        pixels: pixels.as_mut_slice(),
+        width,
+        pitch: width * 3,
+        height,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    decompressor
+        .decompress(bytes, target)
+        .map_err(|e| malformed(e.to_string()))?;
+    let rgb = RgbImage::from_raw(width as u32, height as u32, pixels)
+        .ok_or_else(|| malformed("decoded size does not match the header".into()))?;
+    let mut image = DynamicImage::ImageRgb8(rgb);
+    image.apply_orientation(orientation);
+    Ok(Some(DecodedImage {
+        format: ImageFormat::Jpeg,
+        rgb: image.into_rgb8(),
+    }))
+}
+
+fn check_pixels(width: u64, height: u64, limits: DecodeLimits) -> Result<(), DecodeError> {
+    if width == 0 || height == 0 {
+        return Err(DecodeError::ZeroSize);
+    }
+    if width.saturating_mul(height) > limits.max_pixels {
+        return Err(DecodeError::TooLarge {
+            width: u32::try_from(width).unwrap_or(u32::MAX),
+            height: u32::try_from(height).unwrap_or(u32::MAX),
+            max_pixels: limits.max_pixels,
+        });
+    }
+    Ok(())
+}
+
+/// Whether an end-of-image marker (FF D9) follows the last start-of-scan (FF DA). Scan data
+/// stuffs every FF with 00, so a real EOI cannot hide inside it, and an EXIF thumbnail's
+/// EOI sits before the main scan.
+fn jpeg_has_end_marker(bytes: &[u8]) -> bool {
+    let is_sos = |w: &[u8]| w == [0xFF, 0xDA];
+    // Searching back from the end finds the EOI of a whole file in a few bytes.
+    match bytes.windows(2).rposition(|w| w == [0xFF, 0xD9]) {
+        Some(eoi) => !bytes[eoi..].windows(2).any(is_sos),
+        // No EOI and no scan at all: let the decoder say what is wrong.
+        None => !bytes.windows(2).any(is_sos),
+    }
+}
+
+/// Decodes `bytes` into upright RGB8: EXIF orientation applied, alpha dropped, gray
+/// expanded, 16-bit reduced to 8-bit.
+pub fn decode_image(bytes: &[u8], limits: DecodeLimits) -> Result<DecodedImage, DecodeError> {
+    if bytes.is_empty() {
+        return Err(DecodeError::Empty);
+    }
+    let format = image::guess_format(bytes).map_err(|_| DecodeError::UnknownFormat)?;
+    if !is_supported(format) {
+        return Err(DecodeError::UnsupportedFormat(format_name(format)));
+    }
+    let malformed = |e: image::ImageError| DecodeError::Malformed {
+        format: format_name(format),
+        reason: e.to_string(),
+    };
+    // Read the size from the header alone, before the decoder allocates anything.
+    if let Ok(size) = imagesize::blob_size(bytes) {
+        check_pixels(size.width as u64, size.height as u64, limits)?;
+    }
+    if format == ImageFormat::Jpeg && !jpeg_has_end_marker(bytes) {
+        // The JPEG decoder fills a cut-off scan with gray and reports success; a request
+        // must not get detections on half a picture without knowing.
+        return Err(DecodeError::Malformed {
+            format: format_name(format),
+            reason: "the file ends before the end-of-image marker (truncated upload?)".into(),
+        });
+    }
+    if format == ImageFormat::Jpeg {
+        if let Some(decoded) = decode_jpeg_turbo(bytes)? {
+            return Ok(decoded);
+        }
+    }
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
+    // The image crate's own allocation cap backs up the pixel check below; 16-bit RGBA is
+    // the widest layout we accept (8 bytes a pixel), plus room for the RGB8 copy.
+    let mut image_limits = image::Limits::default();
+    image_limits.max_alloc = Some(limits.max_pixels.saturating_mul(12).max(1 << 20));
+    reader.limits(image_limits);
+    let mut decoder = reader.into_decoder().map_err(malformed)?;
+    let (width, height) = decoder.dimensions();
+    check_pixels(u64::from(width), u64::from(height), limits)?;
+    let orientation = decoder.orientation().map_err(malformed)?;
+    let mut image = DynamicImage::from_decoder(decoder).map_err(malformed)?;
+    image.apply_orientation(orientation);
+    let rgb = match image {
+        DynamicImage::ImageRgb8(rgb) => rgb,
+        other => other.into_rgb8(),
+    };
+    Ok(DecodedImage { format, rgb })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::{ImageBuffer, Luma, LumaA, Rgba};
+
+    fn encode(img: DynamicImage, format: ImageFormat) -> Vec<u8> {
+        let mut out = Cursor::new(Vec::new());
+        img.write_to(&mut out, format).unwrap();
+        out.into_inner()
+    }
+
+    fn sample_rgb(w: u32, h: u32) -> DynamicImage {
+        DynamicImage::ImageRgb8(RgbImage::from_fn(w, h, |x, y| {
+            image::Rgb([(x * 7) as u8, (y * 5) as u8, 128])
+        }))
+    }
+
+    #[test]
+    fn decodes_each_supported_format() {
+        for format in [
+            ImageFormat::Png,
+            ImageFormat::Jpeg,
+            ImageFormat::Bmp,
+            ImageFormat::WebP,
+        ] {
+            let bytes = encode(sample_rgb(33, 17), format);
+            let img =
+                decode_image(&bytes, DecodeLimits::default()).unwrap_or_else(|e| panic!("{format:?}: {e}"));
+            assert_eq!((img.width(), img.height()), (33, 17), "{format:?}");
+            assert_eq!(img.format, format);
+        }
+    }
+
+    #[test]
+    fn png_gray_alpha_and_16_bit_become_rgb8() {
+        let gray = DynamicImage::ImageLuma8(ImageBuffer::from_pixel(4, 3, Luma([200u8])));
+        let img = decode_image(&encode(gray, ImageFormat::Png), DecodeLimits::default()).unwrap();
+        assert_eq!(img.rgb.get_pixel(1, 1).0, [200, 200, 200]);
+
+        let rgba = DynamicImage::ImageRgba8(ImageBuffer::from_pixel(4, 3, Rgba([10u8, 20, 30, 0])));
+        let img = decode_image(&encode(rgba, ImageFormat::Png), DecodeLimits::default()).unwrap();
+        assert_eq!(img.rgb.get_pixel(0, 0).0, [10, 20, 30]);
+
+        let gray16 = DynamicImage::ImageLuma16(ImageBuffer::from_pixel(2, 2, Luma([65535u16])));
+        let img = decode_image(&encode(gray16, ImageFormat::Png), DecodeLimits::default()).unwrap();
+        assert_eq!(img.rgb.get_pixel(0, 0).0, [255, 255, 255]);
+
+        let la = DynamicImage::ImageLumaA8(ImageBuffer::from_pixel(2, 2, LumaA([77u8, 9])));
+        let img = decode_image(&encode(la, ImageFormat::Png), DecodeLimits::default()).unwrap();
+        assert_eq!(img.rgb.get_pixel(1, 0).0, [77, 77, 77]);
+    }
+
+    #[test]
+    fn empty_and_garbage_are_named() {
+        assert_eq!(
+            decode_image(&[], DecodeLimits::default()).unwrap_err(),
+            DecodeError::Empty
+        );
+        assert_eq!(
+            decode_image(b"hello, this is not an image", DecodeLimits::default()).unwrap_err(),
+            DecodeError::UnknownFormat
+        );
+    }
+
+    #[test]
+    fn unsupported_format_is_named() {
+        let gif = b"GIF89a\x01\x00\x01\x00\x00\x00\x00;";
+        let err = decode_image(gif, DecodeLimits::default()).unwrap_err();
+        assert!(
+            err.to_string().starts_with("GIF images are not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn truncated_files_are_malformed_not_panics() {
+        for format in [
+            ImageFormat::Png,
+            ImageFormat::Jpeg,
+            ImageFormat::WebP,
+            ImageFormat::Bmp,
+        ] {
+            let bytes = encode(sample_rgb(64, 64), format);
+            for cut in [bytes.len() / 2, 40, 12] {
+                let err = decode_image(&bytes[..cut], DecodeLimits::default());
+                assert!(
+                    matches!(
+                        err,
+                        Err(DecodeError::Malformed { .. }) | Err(DecodeError::UnknownFormat)
+                    ),
+                    "{format:?} cut at {cut}: {err:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_header_is_refused_before_decoding() {
+        // A PNG header claiming 100000 x 100000 pixels, with no pixel data at all.
+        let mut png = Vec::new();
+        png.extend_from_slice(b"\x89PNG\r\n\x1a\n");
+        // Only the header chunk follows: the refusal must come before any pixel data is read.
+        let mut ihdr = Vec::new();
+        ihdr.extend_from_slice(b"IHDR");
+        ihdr.extend_from_slice(&100_000u32.to_be_bytes());
+        ihdr.extend_from_slice(&100_000u32.to_be_bytes());
+        ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+        png.extend_from_slice(&13u32.to_be_bytes());
+        png.extend_from_slice(&ihdr);
+        png.extend_from_slice(&crc32(&ihdr).to_be_bytes());
+        let err = decode_image(&png, DecodeLimits::default()).unwrap_err();
+        assert_eq!(
+            err,
+            DecodeError::TooLarge {
+                width: 100_000,
+                height: 100_000,
+                max_pixels: 50_000_000
+            }
+        );
+        assert!(err.to_string().contains("100000x100000"));
+    }
+
+    #[test]
+    fn limit_is_configurable() {
+        let bytes = encode(sample_rgb(100, 100), ImageFormat::Png);
+        let err = decode_image(&bytes, DecodeLimits { max_pixels: 9_999 }).unwrap_err();
+        assert!(matches!(err, DecodeError::TooLarge { .. }));
+        decode_image(&bytes, DecodeLimits { max_pixels: 10_000 }).unwrap();
+    }
+
+    #[test]
+    fn exif_orientation_is_applied() {
+        // A 4x2 JPEG tagged "rotate 90 CW" (orientation 6) must come out 2x4.
+        let jpeg = encode(sample_rgb(4, 2), ImageFormat::Jpeg);
+        let tagged = insert_exif_orientation(&jpeg, 6);
+        let img = decode_image(&tagged, DecodeLimits::default()).unwrap();
+        assert_eq!((img.width(), img.height()), (2, 4));
+    }
+
+    /// Inserts an APP1 EXIF segment holding only an orientation tag right after SOI.
+    fn insert_exif_orientation(jpeg: &[u8], orientation: u16) -> Vec<u8> {
+        let mut tiff = Vec::new();
+        tiff.extend_from_slice(b"MM\x00\x2a\x00\x00\x00\x08"); // big-endian, IFD at 8
+        tiff.extend_from_slice(&1u16.to_be_bytes()); // one entry
+        tiff.extend_from_slice(&0x0112u16.to_be_bytes()); // Orientation
+        tiff.extend_from_slice(&3u16.to_be_bytes()); // SHORT
+        tiff.extend_from_slice(&1u32.to_be_bytes()); // count
+        tiff.extend_from_slice(&orientation.to_be_bytes());
+        tiff.extend_from_slice(&[0, 0]);
+        tiff.extend_from_slice(&0u32.to_be_bytes()); // no next IFD
+        let mut app1 = b"Exif\x00\x00".to_vec();
+        app1.extend_from_slice(&tiff);
+        let mut out = jpeg[..2].to_vec();
+        out.extend_from_slice(&[0xFF, 0xE1]);
+        out.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
+        out.extend_from_slice(&app1);
+        out.extend_from_slice(&jpeg[2..]);
+        out
+    }
+
+    fn crc32(data: &[u8]) -> u32 {
+        let mut crc = 0xFFFF_FFFFu32;
+        for &b in data {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+}

@@ -1,0 +1,31 @@
+//! Pure image code for detection: everything between encoded bytes and a list of boxes,
+//! except running the model.
+//!
+//! - [`decode`]: encoded JPEG/PNG/WebP/BMP bytes to RGB pixels, with a pixel limit checked
+//!   from the header before any pixel is decoded, and EXIF orientation applied.
+//! - [`letterbox`]: Ultralytics-compatible letterbox (centred, pad 114, bilinear) into a
+//!   reusable canvas, and the geometry that maps boxes back to the original image.
+//! - [`normalize`]: canvas bytes to the model's NCHW float input, written in place into a
+//!   batch buffer.
+//! - [`layout`] and [`postprocess`]: recognise the model's output layout and turn raw output
+//!   rows into candidate boxes; [`nms`] keeps the best non-overlapping ones.
+//! - [`spec`]: reads what the pipeline needs (input size, class names, layout) off a
+//!   [`peregrine_types::ModelDescription`].
+//! - [`annotate`]: draws boxes and labels for people to look at.
+//!
+//! No I/O and no threads: every function here is deterministic and benchable on its own.
+
+pub mod annotate;
+pub mod decode;
+pub mod layout;
+pub mod letterbox;
+pub mod nms;
+pub mod normalize;
+pub mod postprocess;
+pub mod spec;
+
+pub use decode::{decode_image, DecodeError, DecodeLimits, DecodedImage};
+pub use layout::{LayoutError, OutputLayout};
+pub use letterbox::{ImageView, Letterbox, LetterboxCanvas};
+pub use postprocess::{Candidate, Postprocessor};
+pub use spec::{DetectorSpec, SpecError};

@@ -1,0 +1,287 @@
+//! What the detection pipeline needs to know about a model, read off its description.
+
+use peregrine_types::model::ElementType;
+use peregrine_types::{ClassNames, Dim, ModelDescription};
+
+use crate::layout::{LayoutError, OutputLayout};
+
+/// Everything the pre- and postprocessing need: input size, batch limits, class names and
+/// the output layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DetectorSpec {
+    pub input_name: String,
+    pub output_name: String,
+    pub input_width: usize,
+    pub input_height: usize,
+    pub stride: usize,
+    /// `Some(n)` when the model's batch dimension is fixed at `n`.
+    pub fixed_batch: Option<usize>,
+    pub names: ClassNames,
+    pub layout: OutputLayout,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("the model has {0} inputs; a detector takes exactly one image input")]
+    InputCount(usize),
+    #[error("the model has no outputs")]
+    NoOutputs,
+    #[error("input {name:?} has shape {shape}; a detector takes [batch, 3, height, width]")]
+    InputShape { name: String, shape: String },
+    #[error("input {name:?} is {element}; only float32 image inputs are supported")]
+    InputType { name: String, element: String },
+    #[error(
+        "the model's input is fixed at {fixed_h}x{fixed_w}; it cannot run at the requested \
+         {want_h}x{want_w}"
+    )]
+    SizeConflict {
+        fixed_h: usize,
+        fixed_w: usize,
+        want_h: usize,
+        want_w: usize,
+    },
+    #[error("input size {0}x{1} is not a positive multiple of the model stride {2}")]
+    BadSize(usize, usize, usize),
+    #[error("output {name:?}: {source}")]
+    Layout {
+        name: String,
+        #[source]
+        source: LayoutError,
+    },
+}
+
+const DEFAULT_IMGSZ: usize = 640;
+const DEFAULT_STRIDE: usize = 32;
+
+impl DetectorSpec {
+    /// Reads the spec off `model`. `imgsz` (height, width) picks the input size of a model
+    /// with dynamic height and width; otherwise the metadata's `imgsz`, then 640, is used.
+    pub fn from_model(model: &ModelDescription, imgsz: Option<(usize, usize)>) -> Result<Self, SpecError> {
+        let [input] = model.inputs.as_slice() else {
+            return Err(SpecError::InputCount(model.inputs.len()));
+        };
+        let output = model.outputs.first().ok_or(SpecError::NoOutputs)?;
+        if input.element != ElementType::F32 {
+            return Err(SpecError::InputType {
+                name: input.name.clone(),
+                element: format!("{:?}", input.element).to_lowercase(),
+            });
+        }
+        let shape_ok = input.dims.len() == 4 && matches!(input.dims[1], Dim::Fixed(3) | Dim::Dynamic);
+        if !shape_ok {
+            return Err(SpecError::InputShape {
+                name: input.name.clone(),
+                shape: format!("{:?}", input.dims),
+            });
+        }
+        let meta = |k: &str| model.metadata.get(k).map(String::as_str);
+        let stride = meta("stride")
+            .and_then(|s| s.trim().parse().ok())
+            .filter(|&s: &usize| s > 0)
+            .unwrap_or(DEFAULT_STRIDE);
+        let (height, width) = match (input.dims[2].fixed(), input.dims[3].fixed()) {
+            (Some(h), Some(w)) => {
+                if let Some((want_h, want_w)) = imgsz.filter(|&s| s != (h, w)) {
+                    return Err(SpecError::SizeConflict {
+                        fixed_h: h,
+                        fixed_w: w,
+                        want_h,
+                        want_w,
+                    });
+                }
+                (h, w)
+            }
+            _ => {
+                let (h, w) = imgsz
+                    .or_else(|| meta("imgsz").and_then(parse_imgsz))
+                    .unwrap_or((DEFAULT_IMGSZ, DEFAULT_IMGSZ));
+                if h == 0 || w == 0 || h % stride != 0 || w % stride != 0 {
+                    return Err(SpecError::BadSize(h, w, stride));
+                }
+                (h, w)
+            }
+        };
+        let names = meta("names").and_then(parse_names).unwrap_or_default();
+        let end2end = meta("end2end").map(|v| v.trim().eq_ignore_ascii_case("true"));
+        let num_names = (!names.is_empty()).then_some(names.len());
+        let layout =
+            OutputLayout::infer(&output.dims, num_names, end2end).map_err(|source| SpecError::Layout {
+                name: output.name.clone(),
+                source,
+            })?;
+        Ok(Self {
+            input_name: input.name.clone(),
+            output_name: output.name.clone(),
+            input_width: width,
+            input_height: height,
+            stride,
+            fixed_batch: input.dims[0].fixed(),
+            names,
+            layout,
+        })
+    }
+
+    /// Floats in one image's slot of the input batch.
+    pub fn image_len(&self) -> usize {
+        3 * self.input_width * self.input_height
+    }
+}
+
+/// `imgsz` as Ultralytics writes it: `[640, 640]` (height, width) or a single `640`.
+fn parse_imgsz(s: &str) -> Option<(usize, usize)> {
+    let nums: Vec<usize> = s
+        .trim_matches(|c| c == '[' || c == ']' || c == '(' || c == ')')
+        .split(',')
+        .map(|p| p.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    match nums.as_slice() {
+        [n] => Some((*n, *n)),
+        [h, w] => Some((*h, *w)),
+        _ => None,
+    }
+}
+
+/// Class names as Ultralytics writes them: a Python dict literal such as
+/// `{0: 'person', 1: "o'clock"}`, or a list `['person', 'bicycle']`. Ids must run 0..n.
+fn parse_names(s: &str) -> Option<ClassNames> {
+    let s = s.trim();
+    let (is_dict, body) = if let Some(b) = s.strip_prefix('{').and_then(|b| b.strip_suffix('}')) {
+        (true, b)
+    } else {
+        (false, s.strip_prefix('[')?.strip_suffix(']')?)
+    };
+    let mut chars = body.chars().peekable();
+    let mut names = Vec::new();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            break;
+        }
+        if is_dict {
+            let mut key = String::new();
+            while let Some(&c) = chars.peek() {
+                if c == ':' {
+                    break;
+                }
+                key.push(c);
+                chars.next();
+            }
+            chars.next()?; // ':'
+            if key.trim().parse::<usize>().ok()? != names.len() {
+                return None;
+            }
+            while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                chars.next();
+            }
+        }
+        let quote = chars.next().filter(|c| *c == '\'' || *c == '"')?;
+        let mut name = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => name.push(chars.next()?),
+                c if c == quote => break,
+                c => name.push(c),
+            }
+        }
+        names.push(name);
+    }
+    (!names.is_empty()).then(|| ClassNames::new(names))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peregrine_types::TensorDescription;
+    use std::collections::BTreeMap;
+
+    fn model(input: Vec<Dim>, output: Vec<Dim>, meta: &[(&str, &str)]) -> ModelDescription {
+        ModelDescription {
+            inputs: vec![TensorDescription {
+                name: "images".into(),
+                element: ElementType::F32,
+                dims: input,
+            }],
+            outputs: vec![TensorDescription {
+                name: "output0".into(),
+                element: ElementType::F32,
+                dims: output,
+            }],
+            metadata: meta
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    use Dim::{Dynamic as D, Fixed as F};
+
+    #[test]
+    fn parses_ultralytics_names() {
+        let n = parse_names("{0: 'person', 1: \"o'clock\", 2: 'a\\'b'}").unwrap();
+        assert_eq!(n.iter().collect::<Vec<_>>(), ["person", "o'clock", "a'b"]);
+        let n = parse_names("['cat', 'dog']").unwrap();
+        assert_eq!(n.len(), 2);
+        assert!(parse_names("{1: 'skips zero'}").is_none());
+        assert!(parse_names("{0: 'unterminated}").is_none());
+        assert!(parse_names("garbage").is_none());
+    }
+
+    #[test]
+    fn parses_imgsz() {
+        assert_eq!(parse_imgsz("[640, 480]"), Some((640, 480)));
+        assert_eq!(parse_imgsz("320"), Some((320, 320)));
+        assert_eq!(parse_imgsz("[a]"), None);
+    }
+
+    #[test]
+    fn dynamic_model_uses_metadata_then_override() {
+        let m = model(
+            vec![D, F(3), D, D],
+            vec![D, F(6), D],
+            &[
+                ("names", "{0: 'a', 1: 'b'}"),
+                ("imgsz", "[320, 320]"),
+                ("stride", "32"),
+            ],
+        );
+        let s = DetectorSpec::from_model(&m, None).unwrap();
+        assert_eq!((s.input_height, s.input_width, s.fixed_batch), (320, 320, None));
+        assert_eq!(s.layout, OutputLayout::ChannelsFirst { num_classes: 2 });
+        let s = DetectorSpec::from_model(&m, Some((480, 640))).unwrap();
+        assert_eq!((s.input_height, s.input_width), (480, 640));
+        assert!(matches!(
+            DetectorSpec::from_model(&m, Some((500, 640))),
+            Err(SpecError::BadSize(500, 640, 32))
+        ));
+    }
+
+    #[test]
+    fn fixed_model_refuses_other_sizes() {
+        let m = model(
+            vec![F(1), F(3), F(640), F(640)],
+            vec![F(1), F(300), F(6)],
+            &[("end2end", "True")],
+        );
+        let s = DetectorSpec::from_model(&m, None).unwrap();
+        assert_eq!((s.fixed_batch, s.layout), (Some(1), OutputLayout::EndToEnd));
+        assert!(matches!(
+            DetectorSpec::from_model(&m, Some((320, 320))),
+            Err(SpecError::SizeConflict { .. })
+        ));
+    }
+
+    #[test]
+    fn non_image_models_are_refused_clearly() {
+        let m = model(vec![D, F(10)], vec![D, F(84), D], &[]);
+        let err = DetectorSpec::from_model(&m, None).unwrap_err();
+        assert!(err.to_string().contains("[batch, 3, height, width]"), "{err}");
+        let mut m = model(vec![D, F(3), D, D], vec![D, F(84), D], &[]);
+        m.inputs[0].element = ElementType::U8;
+        assert!(matches!(
+            DetectorSpec::from_model(&m, None),
+            Err(SpecError::InputType { .. })
+        ));
+    }
+}
