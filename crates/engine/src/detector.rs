@@ -34,6 +34,16 @@ impl StageTimings {
     }
 }
 
+/// One image already letterboxed to the model's input size (by [`Detector::prepare`], on
+/// any thread), ready to be normalised into a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct PreparedInput<'a> {
+    /// Interleaved RGB8, `input_height * input_width * 3` bytes.
+    pub canvas: &'a [u8],
+    pub letterbox: &'a Letterbox,
+    pub params: &'a DetectParams,
+}
+
 /// One model instance with its reusable buffers.
 pub struct Detector {
     backend: Box<dyn Backend>,
@@ -41,10 +51,11 @@ pub struct Detector {
     batch_size: usize,
     pad_to_fixed_batch: bool,
     canvas: LetterboxCanvas,
+    /// Letterboxed images of the current [`Detector::detect`] chunk.
+    chunk_canvases: Vec<Vec<u8>>,
     input: Vec<f32>,
     output: OutputBuffer,
     post: Postprocessor,
-    letterboxes: Vec<Letterbox>,
 }
 
 impl std::fmt::Debug for Detector {
@@ -69,10 +80,10 @@ impl Detector {
             batch_size,
             pad_to_fixed_batch,
             canvas: LetterboxCanvas::new(),
+            chunk_canvases: Vec::new(),
             input: Vec::new(),
             output: OutputBuffer::default(),
             post: Postprocessor::new(),
-            letterboxes: Vec::new(),
         })
     }
 
@@ -85,6 +96,17 @@ impl Detector {
         self.batch_size
     }
 
+    /// Letterboxes `image` for a model with this `spec` into `out`, using `scratch`. Needs
+    /// no detector, so it runs on whichever thread decoded the image.
+    pub fn prepare(
+        spec: &DetectorSpec,
+        image: ImageView<'_>,
+        scratch: &mut LetterboxCanvas,
+        out: &mut Vec<u8>,
+    ) -> Letterbox {
+        scratch.fill_into(image, spec.input_width, spec.input_height, out)
+    }
+
     /// Detects objects in each image; the result has one list per image, in order, each
     /// best first. Runs the model as many times as the batch size requires.
     pub fn detect(
@@ -94,21 +116,57 @@ impl Detector {
     ) -> Result<(Vec<Vec<Detection>>, StageTimings), EngineError> {
         let mut results = Vec::with_capacity(images.len());
         let mut timings = StageTimings::default();
+        let mut canvases = std::mem::take(&mut self.chunk_canvases);
         for chunk in images.chunks(self.batch_size) {
-            self.run_chunk(chunk, params, &mut results, &mut timings)?;
+            let started = Instant::now();
+            canvases.resize_with(chunk.len().max(canvases.len()), Vec::new);
+            let letterboxes: Vec<Letterbox> = chunk
+                .iter()
+                .zip(canvases.iter_mut())
+                .map(|(img, out)| Self::prepare(&self.spec, *img, &mut self.canvas, out))
+                .collect();
+            timings.preprocess += started.elapsed();
+            let inputs: Vec<PreparedInput<'_>> = canvases
+                .iter()
+                .zip(&letterboxes)
+                .map(|(c, lb)| PreparedInput {
+                    canvas: c,
+                    letterbox: lb,
+                    params,
+                })
+                .collect();
+            let outcome = self.run_prepared(&inputs);
+            match outcome {
+                Ok((dets, t)) => {
+                    results.extend(dets);
+                    timings.preprocess += t.preprocess;
+                    timings.inference += t.inference;
+                    timings.postprocess += t.postprocess;
+                }
+                Err(e) => {
+                    self.chunk_canvases = canvases;
+                    return Err(e);
+                }
+            }
         }
+        self.chunk_canvases = canvases;
         Ok((results, timings))
     }
 
-    fn run_chunk(
+    /// Runs one batch of prepared images (at most [`Detector::batch_size`]): normalise into
+    /// the batch buffer, run the model, postprocess each image with its own parameters.
+    pub fn run_prepared(
         &mut self,
-        images: &[ImageView<'_>],
-        params: &DetectParams,
-        results: &mut Vec<Vec<Detection>>,
-        timings: &mut StageTimings,
-    ) -> Result<(), EngineError> {
+        images: &[PreparedInput<'_>],
+    ) -> Result<(Vec<Vec<Detection>>, StageTimings), EngineError> {
         let started = Instant::now();
         let n = images.len();
+        if n == 0 || n > self.batch_size {
+            return Err(EngineError::BatchSize {
+                got: n,
+                max: self.batch_size,
+            });
+        }
         let run_n = if self.pad_to_fixed_batch {
             self.batch_size
         } else {
@@ -117,11 +175,14 @@ impl Detector {
         let (h, w) = (self.spec.input_height, self.spec.input_width);
         let slot = self.spec.image_len();
         self.input.resize(run_n * slot, 0.0);
-        self.letterboxes.clear();
         for (i, img) in images.iter().enumerate() {
-            let lb = self.canvas.fill(*img, w, h);
-            rgb8_to_planar_f32(self.canvas.pixels(), &mut self.input[i * slot..(i + 1) * slot]);
-            self.letterboxes.push(lb);
+            if img.canvas.len() != slot {
+                return Err(EngineError::CanvasSize {
+                    got: img.canvas.len(),
+                    want: slot,
+                });
+            }
+            rgb8_to_planar_f32(img.canvas, &mut self.input[i * slot..(i + 1) * slot]);
         }
         // Unused slots of a fixed-size batch are computed and ignored; zero them so they
         // cost the same every time.
@@ -143,18 +204,21 @@ impl Detector {
             return Err(EngineError::BatchMismatch { got, want: run_n });
         }
         let per_image = self.output.data.len() / got.max(1);
-        for (i, lb) in self.letterboxes.iter().enumerate() {
+        let mut results = Vec::with_capacity(n);
+        for (i, img) in images.iter().enumerate() {
             let mut dets = Vec::new();
             let out = &self.output.data[i * per_image..(i + 1) * per_image];
             self.post
-                .process(self.spec.layout, out, rows, params, lb, &mut dets);
+                .process(self.spec.layout, out, rows, img.params, img.letterbox, &mut dets);
             results.push(dets);
         }
         let done = Instant::now();
-        timings.preprocess += preprocessed - started;
-        timings.inference += inferred - preprocessed;
-        timings.postprocess += done - inferred;
-        Ok(())
+        let timings = StageTimings {
+            preprocess: preprocessed - started,
+            inference: inferred - preprocessed,
+            postprocess: done - inferred,
+        };
+        Ok((results, timings))
     }
 }
 

@@ -10,6 +10,12 @@ pub enum EngineError {
     Backend(#[from] BackendError),
     #[error("the model's output is not in the layout it declared: {0}")]
     Layout(#[from] LayoutError),
+    #[error("a batch of {got} images does not fit this instance (1 to {max})")]
+    BatchSize { got: usize, max: usize },
+    #[error("a prepared image has {got} bytes; the model input needs {want}")]
+    CanvasSize { got: usize, want: usize },
+    #[error("could not start a model thread: {0}")]
+    Thread(String),
     #[error("the model returned {got} images' worth of output for a batch of {want}")]
     BatchMismatch { got: usize, want: usize },
 }

@@ -153,6 +153,11 @@ impl<T: QueueItem> BatchQueue<T> {
         NextBatch::Run(batch)
     }
 
+    /// The soonest deadline among waiting requests: when the next sweep is due.
+    pub fn earliest_deadline(&self) -> Option<Instant> {
+        self.waiting.iter().map(|w| w.item.deadline()).min()
+    }
+
     /// Empties the queue (shutdown); the caller answers each request.
     pub fn drain_all(&mut self) -> Vec<T> {
         self.waiting.drain(..).map(|w| w.item).collect()
@@ -216,7 +221,9 @@ mod tests {
         let mut d = Dropped::default();
         assert_eq!(ids(q.next_batch(t0, &mut d)), [0, 1]);
         // One left: it waits for the delay.
-        assert!(matches!(q.next_batch(t0, &mut d), NextBatch::WaitUntil(t) if t == t0 + Duration::from_millis(5)));
+        assert!(
+            matches!(q.next_batch(t0, &mut d), NextBatch::WaitUntil(t) if t == t0 + Duration::from_millis(5))
+        );
         assert_eq!(ids(q.next_batch(t0 + Duration::from_millis(5), &mut d)), [2]);
         assert!(matches!(q.next_batch(t0, &mut d), NextBatch::Empty));
     }

@@ -19,18 +19,13 @@ pub struct Cli {
 
 #[derive(Debug, Args)]
 pub struct LogArgs {
-    /// Log filter, in tracing's EnvFilter syntax (e.g. `info`, `peregrine=debug`).
-    #[arg(long, env = "PEREGRINE_LOG", default_value = "warn", global = true)]
-    pub log_level: String,
-    /// Log line format on stderr.
-    #[arg(
-        long,
-        env = "PEREGRINE_LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
-    pub log_format: LogFormat,
+    /// Log filter, in tracing's EnvFilter syntax (e.g. `info`, `peregrine=debug`)
+    /// [default: info for serve, warn otherwise].
+    #[arg(long, env = "PEREGRINE_LOG", global = true)]
+    pub log_level: Option<String>,
+    /// Log line format on stderr [default: json for serve, text otherwise].
+    #[arg(long, env = "PEREGRINE_LOG_FORMAT", value_enum, global = true)]
+    pub log_format: Option<LogFormat>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -43,6 +38,10 @@ pub enum LogFormat {
 pub enum Command {
     /// Detect objects in image files and print the results.
     Detect(DetectArgs),
+    /// Run the detection server (HTTP).
+    Serve(Box<crate::serve_config::ServeArgs>),
+    /// Load-test a running server with real images.
+    Bench(crate::loadgen::BenchArgs),
 }
 
 /// Options shared by everything that loads a model.
@@ -111,7 +110,7 @@ pub struct DetectArgs {
     pub max_pixels: u64,
 }
 
-fn parse_imgsz(s: &str) -> Result<(usize, usize), String> {
+pub fn parse_imgsz(s: &str) -> Result<(usize, usize), String> {
     let parts: Vec<&str> = s.split([',', 'x']).map(str::trim).collect();
     let num = |p: &str| {
         p.parse::<usize>()

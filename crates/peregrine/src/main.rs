@@ -4,8 +4,11 @@
 mod cli;
 mod detect;
 mod inputs;
+mod loadgen;
 mod model;
 mod report;
+mod serve;
+mod serve_config;
 
 use std::process::ExitCode;
 
@@ -13,9 +16,15 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    init_logging(&cli.log);
+    let (default_level, default_format) = match cli.command {
+        cli::Command::Serve(_) => ("info", cli::LogFormat::Json),
+        _ => ("warn", cli::LogFormat::Text),
+    };
+    init_logging(&cli.log, default_level, default_format);
     let result = match cli.command {
         cli::Command::Detect(args) => detect::run(args),
+        cli::Command::Serve(args) => serve::run(*args),
+        cli::Command::Bench(args) => loadgen::run(args),
     };
     match result {
         Ok(code) => code,
@@ -26,13 +35,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(log: &cli::LogArgs) {
+fn init_logging(log: &cli::LogArgs, default_level: &str, default_format: cli::LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_new(&log.log_level).unwrap_or_else(|_| EnvFilter::new("warn"));
+    let level = log.log_level.as_deref().unwrap_or(default_level);
+    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    match log.log_format {
+    match log.log_format.unwrap_or(default_format) {
         cli::LogFormat::Json => builder.json().init(),
         cli::LogFormat::Text => builder.init(),
     }

@@ -7,43 +7,7 @@
 
 mod common;
 
-use common::{shared_dir, Det};
-use serde_json::Value;
-
-fn reference(model: &str) -> Vec<(String, Vec<Det>)> {
-    let path = shared_dir().join("reference").join(format!("{model}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let v: Value = serde_json::from_str(&text).unwrap();
-    let images = v["images"].as_object().expect("reference has an images map");
-    images
-        .iter()
-        .map(|(name, img)| (name.clone(), Det::list(&img["detections"])))
-        .collect()
-}
-
-/// Greedy one-to-one matching, best IoU first; returns the number of matched pairs.
-fn matches(a: &[Det], b: &[Det]) -> usize {
-    let mut pairs = Vec::new();
-    for (i, x) in a.iter().enumerate() {
-        for (j, y) in b.iter().enumerate() {
-            let iou = x.iou(y);
-            if x.class_id == y.class_id && iou >= 0.9 && (x.score - y.score).abs() <= 0.02 {
-                pairs.push((iou, i, j));
-            }
-        }
-    }
-    pairs.sort_by(|p, q| q.0.total_cmp(&p.0));
-    let (mut used_a, mut used_b) = (vec![false; a.len()], vec![false; b.len()]);
-    let mut n = 0;
-    for (_, i, j) in pairs {
-        if !used_a[i] && !used_b[j] {
-            used_a[i] = true;
-            used_b[j] = true;
-            n += 1;
-        }
-    }
-    n
-}
+use common::{matches, reference, shared_dir, Det};
 
 fn check_parity(model: &str) {
     let refs = reference(model);

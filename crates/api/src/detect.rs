@@ -1,0 +1,513 @@
+//! `POST /v1/detect`: images in, detections out.
+//!
+//! Order of work, cheapest refusal first: options and model are checked, then a capacity
+//! permit is taken (429 at once if none, before the body is read), then the body is read
+//! under a size limit and a time limit, then images are decoded and detected.
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine as _;
+use bytes::Bytes;
+use peregrine_engine::{telemetry, AdmissionPermit, Engine, ImageResult};
+use peregrine_types::{DetectParams, ParamsError};
+use tracing::Instrument;
+
+use crate::error::ApiError;
+use crate::wire::{BatchResponse, ClassRef, DetectJson, DetectQuery, ImageJson, SingleResponse};
+use crate::AppState;
+
+/// An image from the request, with its multipart file name when it had one.
+type NamedImage = (Option<String>, Bytes);
+
+/// Most images in one request.
+const MAX_IMAGES_PER_REQUEST: usize = 64;
+
+/// Options gathered from the query string and, for JSON bodies, the body.
+#[derive(Debug, Default)]
+struct Options {
+    conf: Option<f32>,
+    iou: Option<f32>,
+    max_det: Option<usize>,
+    classes: Option<Vec<ClassRef>>,
+    model: Option<String>,
+    timeout_ms: Option<u64>,
+}
+
+impl Options {
+    fn from_query(q: DetectQuery) -> Self {
+        let classes = q.classes.map(|c| {
+            c.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    s.parse()
+                        .map_or_else(|_| ClassRef::Name(s.to_string()), ClassRef::Id)
+                })
+                .collect()
+        });
+        Self {
+            conf: q.conf,
+            iou: q.iou,
+            max_det: q.max_det,
+            classes,
+            model: q.model,
+            timeout_ms: q.timeout_ms,
+        }
+    }
+
+    fn params(&self, engine: &Engine) -> Result<DetectParams, ParamsError> {
+        let names = &engine.spec().names;
+        let classes = match &self.classes {
+            None => None,
+            Some(list) => Some(
+                list.iter()
+                    .map(|c| match c {
+                        ClassRef::Id(id) => Ok(*id),
+                        ClassRef::Name(n) => {
+                            names.id_of(n).ok_or_else(|| ParamsError::UnknownClass(n.clone()))
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        let params = DetectParams {
+            conf: self.conf.unwrap_or(DetectParams::DEFAULT_CONF),
+            iou: self.iou.unwrap_or(DetectParams::DEFAULT_IOU),
+            max_det: self.max_det.unwrap_or(DetectParams::DEFAULT_MAX_DET),
+            classes,
+        };
+        params.validate()?;
+        Ok(params)
+    }
+}
+
+struct Answer {
+    engine: Engine,
+    results: Vec<(Option<String>, ImageResult)>,
+}
+
+pub async fn detect(
+    State(state): State<AppState>,
+    query: Result<Query<DetectQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let request_id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
+    let span = tracing::info_span!("detect", request_id = %request_id, model = tracing::field::Empty, version = tracing::field::Empty);
+    let outcome = handle(&state, query, &headers, body, started)
+        .instrument(span.clone())
+        .await;
+    let total = started.elapsed();
+    let mut response = match outcome {
+        Ok(answer) => {
+            let model = answer.engine.name().to_string();
+            span.record("model", model.as_str());
+            span.record("version", answer.engine.version());
+            telemetry::request_finished(&model, "success", total);
+            let _guard = span.enter();
+            tracing::info!(
+                images = answer.results.len(),
+                total_ms = total.as_secs_f64() * 1e3,
+                "detected"
+            );
+            respond(answer, total)
+        }
+        Err(e) => {
+            let model = state.default_model.clone();
+            telemetry::request_finished(&model, e.outcome(), total);
+            let _guard = span.enter();
+            tracing::info!(status = e.status().as_u16(), error = %e, "request failed");
+            e.into_response()
+        }
+    };
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
+}
+
+fn respond(answer: Answer, total: Duration) -> Response {
+    let names = &answer.engine.spec().names;
+    let queue = answer
+        .results
+        .iter()
+        .map(|(_, r)| r.timings.queue)
+        .max()
+        .unwrap_or_default();
+    let inference = answer
+        .results
+        .iter()
+        .map(|(_, r)| r.timings.inference)
+        .max()
+        .unwrap_or_default();
+    let (model, version) = (
+        answer.engine.name().to_string(),
+        answer.engine.version().to_string(),
+    );
+    let mut images: Vec<ImageJson> = answer
+        .results
+        .iter()
+        .map(|(name, r)| ImageJson::new(name.clone(), r, names, total))
+        .collect();
+    let mut response = if images.len() == 1 {
+        let result = images.remove(0);
+        Json(SingleResponse {
+            model,
+            version,
+            result,
+        })
+        .into_response()
+    } else {
+        Json(BatchResponse {
+            model,
+            version,
+            results: images,
+        })
+        .into_response()
+    };
+    let ms = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
+    let h = response.headers_mut();
+    for (name, value) in [
+        ("x-queue-time-ms", queue),
+        ("x-inference-time-ms", inference),
+        ("x-total-time-ms", total),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&ms(value)) {
+            h.insert(name, v);
+        }
+    }
+    let timing = format!(
+        "queue;dur={}, inference;dur={}, total;dur={}",
+        ms(queue),
+        ms(inference),
+        ms(total)
+    );
+    if let Ok(v) = HeaderValue::from_str(&timing) {
+        h.insert("server-timing", v);
+    }
+    response
+}
+
+async fn handle(
+    state: &AppState,
+    query: Result<Query<DetectQuery>, QueryRejection>,
+    headers: &HeaderMap,
+    body: Body,
+    started: Instant,
+) -> Result<Answer, ApiError> {
+    let admitted = query
+        .map_err(|e| ApiError::BadRequest(format!("bad query string: {}", e.body_text())))
+        .and_then(|Query(query)| {
+            let options = Options::from_query(query);
+            let engine = state.engine(options.model.as_deref())?.clone();
+            let permit = engine.try_admit()?;
+            Ok((options, engine, permit))
+        });
+    let (mut options, mut engine, mut permit) = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            drain_body(body, headers, &state.config).await;
+            return Err(e);
+        }
+    };
+
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let bytes = read_body(body, headers, &state.config).await?;
+    let images = if content_type.starts_with("multipart/form-data") {
+        multipart_images(&content_type, bytes).await?
+    } else if content_type.starts_with("application/json") {
+        let (json_options, images) = json_images(&bytes)?;
+        if json_options.model.is_some() && json_options.model != options.model {
+            // The body names another model: admission is that model's to grant.
+            engine = state.engine(json_options.model.as_deref())?.clone();
+            permit = engine.try_admit()?;
+        }
+        options = merge(options, json_options);
+        images
+    } else if content_type.starts_with("image/")
+        || content_type.starts_with("application/octet-stream")
+        || content_type.is_empty()
+    {
+        vec![(None, bytes)]
+    } else {
+        return Err(ApiError::UnsupportedMediaType(content_type));
+    };
+    if images.is_empty() {
+        return Err(ApiError::BadRequest("the request holds no image".into()));
+    }
+    if images.len() > MAX_IMAGES_PER_REQUEST {
+        return Err(ApiError::BadRequest(format!(
+            "{} images in one request; at most {MAX_IMAGES_PER_REQUEST}",
+            images.len()
+        )));
+    }
+    let params = options.params(&engine)?;
+    let deadline = started + deadline_after(headers, options.timeout_ms, &state.config)?;
+    run_all(&engine, &permit, images, params, deadline)
+        .await
+        .map(|results| Answer { engine, results })
+}
+
+async fn run_all(
+    engine: &Engine,
+    permit: &AdmissionPermit,
+    images: Vec<NamedImage>,
+    params: DetectParams,
+    deadline: Instant,
+) -> Result<Vec<(Option<String>, ImageResult)>, ApiError> {
+    let single = images.len() == 1;
+    let names: Vec<Option<String>> = images.iter().map(|(n, _)| n.clone()).collect();
+    let futures = images
+        .into_iter()
+        .map(|(_, bytes)| engine.detect(permit, bytes, params.clone(), deadline));
+    let outcomes = futures_util::future::join_all(futures).await;
+    let mut results = Vec::with_capacity(outcomes.len());
+    for (i, (name, outcome)) in names.into_iter().zip(outcomes).enumerate() {
+        match outcome {
+            Ok(r) => results.push((name, r)),
+            Err(e) if single => return Err(e.into()),
+            Err(e) => {
+                let which = name.map_or_else(
+                    || format!("image {}", i + 1),
+                    |n| format!("image {} ({n})", i + 1),
+                );
+                return Err(ApiError::Image {
+                    context: which,
+                    source: e,
+                });
+            }
+        }
+    }
+    Ok(results)
+}
+
+/// The request's time budget: `x-request-timeout-ms` header, else the `timeout_ms` option,
+/// else the server default; never more than the server maximum.
+fn deadline_after(
+    headers: &HeaderMap,
+    option_ms: Option<u64>,
+    config: &crate::ApiConfig,
+) -> Result<Duration, ApiError> {
+    let header_ms = match headers.get("x-request-timeout-ms") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::BadRequest("x-request-timeout-ms must be a whole number of milliseconds".into())
+                })?,
+        ),
+    };
+    let asked = header_ms
+        .or(option_ms)
+        .map(Duration::from_millis)
+        .unwrap_or(config.default_timeout);
+    if asked.is_zero() {
+        return Err(ApiError::BadRequest(
+            "the request timeout must be at least 1 ms".into(),
+        ));
+    }
+    Ok(asked.min(config.max_timeout))
+}
+
+async fn read_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) -> Result<Bytes, ApiError> {
+    let limit = config.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        drain_body(body, headers, config).await;
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    match tokio::time::timeout(config.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => Err(ApiError::BodyTimeout {
+            seconds: config.body_timeout.as_secs(),
+        }),
+        Ok(Err(e)) if e.to_string().contains("length limit") => Err(ApiError::BodyTooLarge { limit }),
+        Ok(Err(e)) => Err(ApiError::BadRequest(format!(
+            "could not read the request body: {e}"
+        ))),
+        Ok(Ok(bytes)) => Ok(bytes),
+    }
+}
+
+/// Reads and discards the body of a request refused before its body was needed (at most
+/// a few times the body limit, for at most two seconds). Closing a connection with unread
+/// data makes the kernel reset it, and the client would see a broken connection instead
+/// of the refusal. Reading bytes costs no decode and no compute.
+async fn drain_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let cap = config.max_body_bytes.saturating_mul(4).max(64 << 20);
+    if declared.is_some_and(|n| n > cap) {
+        return;
+    }
+    let drain = async {
+        let mut stream = body.into_data_stream();
+        let mut seen = 0usize;
+        while let Some(Ok(chunk)) = futures_util::StreamExt::next(&mut stream).await {
+            seen += chunk.len();
+            if seen > cap {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+}
+
+/// Every file part of a multipart body, with its file name.
+async fn multipart_images(content_type: &str, body: Bytes) -> Result<Vec<NamedImage>, ApiError> {
+    let boundary = multer::parse_boundary(content_type)
+        .map_err(|e| ApiError::BadRequest(format!("bad multipart content type: {e}")))?;
+    let stream = futures_util::stream::once(async move { Ok::<Bytes, std::io::Error>(body) });
+    let mut multipart = multer::Multipart::new(stream, boundary);
+    let mut images = Vec::new();
+    while let Some(field) = multipart
+        .next_field()
+        .await
+        .map_err(|e| ApiError::BadRequest(format!("malformed multipart body: {e}")))?
+    {
+        let is_file = field.file_name().is_some()
+            || field
+                .content_type()
+                .is_some_and(|m| m.type_() == "image" || m.essence_str() == "application/octet-stream");
+        if !is_file {
+            continue;
+        }
+        let name = field.file_name().map(str::to_string);
+        let data = field
+            .bytes()
+            .await
+            .map_err(|e| ApiError::BadRequest(format!("malformed multipart body: {e}")))?;
+        images.push((name, data));
+    }
+    Ok(images)
+}
+
+fn json_images(body: &[u8]) -> Result<(Options, Vec<NamedImage>), ApiError> {
+    let req: DetectJson =
+        serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("bad JSON body: {e}")))?;
+    let mut encoded = Vec::new();
+    encoded.extend(req.image);
+    encoded.extend(req.images.unwrap_or_default());
+    let engine = base64::engine::general_purpose::STANDARD;
+    let images = encoded
+        .iter()
+        .enumerate()
+        .map(|(i, b64)| {
+            // Accept data URLs as browsers produce them.
+            let data = b64.split_once(";base64,").map_or(b64.as_str(), |(_, d)| d);
+            engine
+                .decode(data.trim())
+                .map(|bytes| (None, Bytes::from(bytes)))
+                .map_err(|e| ApiError::BadRequest(format!("image {} is not valid base64: {e}", i + 1)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let options = Options {
+        conf: req.conf,
+        iou: req.iou,
+        max_det: req.max_det,
+        classes: req.classes,
+        model: req.model,
+        timeout_ms: req.timeout_ms,
+    };
+    Ok((options, images))
+}
+
+/// Body options win over query options.
+fn merge(query: Options, body: Options) -> Options {
+    Options {
+        conf: body.conf.or(query.conf),
+        iou: body.iou.or(query.iou),
+        max_det: body.max_det.or(query.max_det),
+        classes: body.classes.or(query.classes),
+        model: body.model.or(query.model),
+        timeout_ms: body.timeout_ms.or(query.timeout_ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> crate::ApiConfig {
+        crate::ApiConfig {
+            max_body_bytes: 100,
+            default_timeout: Duration::from_secs(10),
+            max_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn deadline_comes_from_header_then_option_then_default_and_is_capped() {
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            deadline_after(&h, None, &config()).unwrap(),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            deadline_after(&h, Some(250), &config()).unwrap(),
+            Duration::from_millis(250)
+        );
+        h.insert("x-request-timeout-ms", HeaderValue::from_static("40"));
+        assert_eq!(
+            deadline_after(&h, Some(250), &config()).unwrap(),
+            Duration::from_millis(40)
+        );
+        h.insert("x-request-timeout-ms", HeaderValue::from_static("999999999"));
+        assert_eq!(
+            deadline_after(&h, None, &config()).unwrap(),
+            Duration::from_secs(60)
+        );
+        h.insert("x-request-timeout-ms", HeaderValue::from_static("soon"));
+        assert!(deadline_after(&h, None, &config()).is_err());
+        assert!(deadline_after(&HeaderMap::new(), Some(0), &config()).is_err());
+    }
+
+    #[test]
+    fn query_classes_accept_ids_and_names() {
+        let o = Options::from_query(DetectQuery {
+            classes: Some("0, car,,2".into()),
+            ..Default::default()
+        });
+        let c = o.classes.unwrap();
+        assert!(matches!(c[0], ClassRef::Id(0)));
+        assert!(matches!(&c[1], ClassRef::Name(n) if n == "car"));
+        assert!(matches!(c[2], ClassRef::Id(2)));
+    }
+
+    #[test]
+    fn json_bodies_decode_base64_and_data_urls() {
+        let (o, images) = json_images(
+            br#"{"image": "aGVsbG8=", "images": ["data:image/png;base64,d29ybGQ="], "conf": 0.5}"#,
+        )
+        .unwrap();
+        assert_eq!(o.conf, Some(0.5));
+        assert_eq!(images[0].1.as_ref(), b"hello");
+        assert_eq!(images[1].1.as_ref(), b"world");
+        let err = json_images(br#"{"image": "!!!"}"#).unwrap_err();
+        assert!(err.to_string().contains("image 1 is not valid base64"), "{err}");
+        let err = json_images(br#"{"imagez": "x"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+}

@@ -1,0 +1,52 @@
+//! Liveness, readiness and the metrics endpoint.
+
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+
+use crate::wire::{ModelReady, ReadyBody};
+use crate::AppState;
+
+/// The process is up and serving HTTP.
+pub async fn live() -> impl IntoResponse {
+    (StatusCode::OK, Json(serde_json::json!({ "live": true })))
+}
+
+/// 200 once every model has warmed up every batch size it will run, and until shutdown
+/// begins; 503 otherwise, with which model is not ready.
+pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
+    let draining = state.draining.load(Ordering::Relaxed);
+    let models: Vec<ModelReady> = state
+        .engines
+        .values()
+        .map(|e| ModelReady {
+            name: e.name().to_string(),
+            version: e.version().to_string(),
+            ready: e.is_ready(),
+        })
+        .collect();
+    let ready = !draining && models.iter().all(|m| m.ready);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(ReadyBody {
+            ready,
+            draining,
+            models,
+        }),
+    )
+}
+
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+}

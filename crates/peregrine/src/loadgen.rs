@@ -1,0 +1,347 @@
+//! `peregrine bench`: a load generator for a running server.
+//!
+//! Closed loop (`--concurrency N`: N clients, each sending its next request when the last
+//! is answered) or open loop (`--rate R`: R requests a second whatever the answers, with
+//! latency measured from each request's scheduled start, so a stalled server cannot hide
+//! its queueing). Real images, sent as raw bodies. Reports throughput, latency percentiles
+//! and errors by kind; writes the same as JSON with `--output`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use clap::Args;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Image files, directories or globs to send (round robin).
+    #[arg(required = true)]
+    pub images: Vec<String>,
+    /// Server base URL.
+    #[arg(long, env = "PEREGRINE_BENCH_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Closed loop: clients sending back to back.
+    #[arg(
+        long,
+        env = "PEREGRINE_BENCH_CONCURRENCY",
+        default_value_t = 8,
+        conflicts_with = "rate"
+    )]
+    pub concurrency: usize,
+    /// Open loop: requests per second, whatever the server answers.
+    #[arg(long, env = "PEREGRINE_BENCH_RATE")]
+    pub rate: Option<f64>,
+    /// How long to send, in seconds.
+    #[arg(long, env = "PEREGRINE_BENCH_DURATION", default_value_t = 30.0)]
+    pub duration: f64,
+    /// Stop after this many requests, if sooner.
+    #[arg(long, env = "PEREGRINE_BENCH_REQUESTS")]
+    pub requests: Option<u64>,
+    /// Extra query string for /v1/detect, e.g. `conf=0.4&model=yolo11n`.
+    #[arg(long, env = "PEREGRINE_BENCH_QUERY", default_value = "")]
+    pub query: String,
+    /// Deadline sent with each request (x-request-timeout-ms).
+    #[arg(long, env = "PEREGRINE_BENCH_DEADLINE_MS")]
+    pub deadline_ms: Option<u64>,
+    /// Client-side timeout per request, in ms.
+    #[arg(long, env = "PEREGRINE_BENCH_TIMEOUT_MS", default_value_t = 60_000)]
+    pub timeout_ms: u64,
+    /// Open loop only: most requests outstanding; beyond it the generator skips sends and
+    /// counts them as `generator_overflow`.
+    #[arg(long, env = "PEREGRINE_BENCH_MAX_OUTSTANDING", default_value_t = 4096)]
+    pub max_outstanding: usize,
+    /// Write the report as JSON to this file.
+    #[arg(long, env = "PEREGRINE_BENCH_OUTPUT")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LatencyMs {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub mean: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub url: String,
+    pub mode: &'static str,
+    pub concurrency: Option<usize>,
+    pub rate: Option<f64>,
+    pub started_unix_s: u64,
+    pub duration_s: f64,
+    pub images: usize,
+    pub requests: u64,
+    pub successes: u64,
+    pub throughput_rps: f64,
+    /// Latency of successful requests.
+    pub latency_ms: LatencyMs,
+    pub errors: BTreeMap<String, u64>,
+}
+
+struct Collector {
+    latencies: Mutex<Histogram<u64>>,
+    errors: Mutex<BTreeMap<String, u64>>,
+    sent: AtomicU64,
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Collector {
+    fn record(&self, outcome: Result<Duration, String>) {
+        match outcome {
+            Ok(latency) => {
+                self.ok.fetch_add(1, Ordering::Relaxed);
+                let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1);
+                self.latencies
+                    .lock()
+                    .expect("histogram lock")
+                    .saturating_record(micros);
+            }
+            Err(kind) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                *self.errors.lock().expect("errors lock").entry(kind).or_default() += 1;
+            }
+        }
+    }
+}
+
+struct Target {
+    client: reqwest::Client,
+    url: String,
+    images: Vec<(Bytes, &'static str)>,
+    next: AtomicUsize,
+    deadline_ms: Option<u64>,
+}
+
+impl Target {
+    async fn send(&self) -> Result<(), String> {
+        let (body, content_type) =
+            &self.images[self.next.fetch_add(1, Ordering::Relaxed) % self.images.len()];
+        let mut req = self
+            .client
+            .post(&self.url)
+            .header("content-type", *content_type)
+            .body(body.clone());
+        if let Some(ms) = self.deadline_ms {
+            req = req.header("x-request-timeout-ms", ms.to_string());
+        }
+        match req.send().await {
+            Ok(resp) if resp.status().is_success() => {
+                resp.bytes().await.map(|_| ()).map_err(|_| "body".to_string())
+            }
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let _ = resp.bytes().await;
+                Err(format!("http_{status}"))
+            }
+            Err(e) if e.is_timeout() => Err("timeout".into()),
+            Err(e) if e.is_connect() => Err("connect".into()),
+            Err(_) => Err("other".into()),
+        }
+    }
+}
+
+fn content_type(path: &std::path::Path) -> &'static str {
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        Some("png") => "image/png",
+        Some("webp") => "image/webp",
+        Some("bmp") => "image/bmp",
+        _ => "image/jpeg",
+    }
+}
+
+pub fn run(args: BenchArgs) -> Result<ExitCode> {
+    let (paths, problems) = crate::inputs::expand(&args.images);
+    for p in &problems {
+        eprintln!("peregrine: {p}");
+    }
+    anyhow::ensure!(!paths.is_empty(), "no images to send");
+    anyhow::ensure!(args.duration > 0.0, "--duration must be positive");
+    if let Some(rate) = args.rate {
+        anyhow::ensure!(rate > 0.0 && rate.is_finite(), "--rate must be a positive number");
+    }
+    anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
+    let images = paths
+        .iter()
+        .map(|p| {
+            Ok((
+                Bytes::from(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?),
+                content_type(p),
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = runtime.block_on(generate(&args, images))?;
+    print_report(&report);
+    if let Some(path) = &args.output {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Result<BenchReport> {
+    let base = args.url.trim_end_matches('/');
+    let url = if args.query.is_empty() {
+        format!("{base}/v1/detect")
+    } else {
+        format!("{base}/v1/detect?{}", args.query.trim_start_matches('?'))
+    };
+    let pool = args
+        .rate
+        .map_or(args.concurrency, |_| args.max_outstanding.min(1024));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(args.timeout_ms))
+        .pool_max_idle_per_host(pool)
+        .build()?;
+    let n_images = images.len();
+    let target = Arc::new(Target {
+        client,
+        url: url.clone(),
+        images,
+        next: AtomicUsize::new(0),
+        deadline_ms: args.deadline_ms,
+    });
+    let collector = Arc::new(Collector {
+        latencies: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3)?),
+        errors: Mutex::new(BTreeMap::new()),
+        sent: AtomicU64::new(0),
+        ok: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+    });
+    let started_unix_s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let start = Instant::now();
+    let stop_at = start + Duration::from_secs_f64(args.duration);
+    let limit = args.requests.unwrap_or(u64::MAX);
+    let progress = tokio::spawn(show_progress(collector.clone(), start));
+
+    if let Some(rate) = args.rate {
+        let outstanding = Arc::new(AtomicUsize::new(0));
+        let period = Duration::from_secs_f64(1.0 / rate);
+        let mut tasks = Vec::new();
+        let mut k: u64 = 0;
+        while k < limit {
+            let scheduled = start + period.mul_f64(k as f64);
+            if scheduled >= stop_at {
+                break;
+            }
+            tokio::time::sleep_until(tokio::time::Instant::from_std(scheduled)).await;
+            k += 1;
+            collector.sent.fetch_add(1, Ordering::Relaxed);
+            if outstanding.load(Ordering::Relaxed) >= args.max_outstanding {
+                collector.record(Err("generator_overflow".into()));
+                continue;
+            }
+            outstanding.fetch_add(1, Ordering::Relaxed);
+            let (target, collector, outstanding) = (target.clone(), collector.clone(), outstanding.clone());
+            tasks.push(tokio::spawn(async move {
+                let outcome = target.send().await.map(|()| scheduled.elapsed());
+                collector.record(outcome);
+                outstanding.fetch_sub(1, Ordering::Relaxed);
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    } else {
+        let sent = Arc::new(AtomicU64::new(0));
+        let workers: Vec<_> = (0..args.concurrency)
+            .map(|_| {
+                let (target, collector, sent) = (target.clone(), collector.clone(), sent.clone());
+                tokio::spawn(async move {
+                    while Instant::now() < stop_at && sent.fetch_add(1, Ordering::Relaxed) < limit {
+                        collector.sent.fetch_add(1, Ordering::Relaxed);
+                        let t0 = Instant::now();
+                        let outcome = target.send().await.map(|()| t0.elapsed());
+                        collector.record(outcome);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            let _ = w.await;
+        }
+    }
+    progress.abort();
+    eprintln!();
+    let elapsed = start.elapsed().as_secs_f64();
+    let h = collector.latencies.lock().expect("histogram lock").clone();
+    let ms = |micros: u64| micros as f64 / 1e3;
+    let successes = collector.ok.load(Ordering::Relaxed);
+    let errors = collector.errors.lock().expect("errors lock").clone();
+    Ok(BenchReport {
+        url,
+        mode: if args.rate.is_some() { "open" } else { "closed" },
+        concurrency: args.rate.is_none().then_some(args.concurrency),
+        rate: args.rate,
+        started_unix_s,
+        duration_s: elapsed,
+        images: n_images,
+        requests: successes + collector.failed.load(Ordering::Relaxed),
+        successes,
+        throughput_rps: successes as f64 / elapsed,
+        latency_ms: LatencyMs {
+            p50: ms(h.value_at_quantile(0.50)),
+            p90: ms(h.value_at_quantile(0.90)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+            mean: h.mean() / 1e3,
+        },
+        errors,
+    })
+}
+
+async fn show_progress(c: Arc<Collector>, start: Instant) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let secs = start.elapsed().as_secs_f64();
+        let ok = c.ok.load(Ordering::Relaxed);
+        eprint!(
+            "\r[{secs:6.1} s] sent {} ok {ok} errors {} ({:.1} ok/s)   ",
+            c.sent.load(Ordering::Relaxed),
+            c.failed.load(Ordering::Relaxed),
+            ok as f64 / secs.max(1e-9)
+        );
+    }
+}
+
+fn print_report(r: &BenchReport) {
+    let load = match r.rate {
+        Some(rate) => format!("open loop at {rate} req/s"),
+        None => format!("closed loop, concurrency {}", r.concurrency.unwrap_or(0)),
+    };
+    println!("{}: {load}, {:.1} s, {} images", r.url, r.duration_s, r.images);
+    println!(
+        "requests {}  ok {}  throughput {:.2} req/s",
+        r.requests, r.successes, r.throughput_rps
+    );
+    let l = &r.latency_ms;
+    println!(
+        "latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",
+        l.p50, l.p90, l.p99, l.max, l.mean
+    );
+    if r.errors.is_empty() {
+        println!("errors: none");
+    } else {
+        let list: Vec<String> = r.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!("errors: {}", list.join(", "));
+    }
+}

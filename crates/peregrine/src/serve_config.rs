@@ -1,0 +1,280 @@
+//! `peregrine serve` settings: defaults, the optional TOML file, then flags and env vars.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde::Deserialize;
+
+/// Every serve setting, as the config file spells it. Missing keys take the defaults.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeSettings {
+    pub host: String,
+    pub port: u16,
+    /// ONNX model file; empty for the embedded YOLO11n.
+    pub model: Option<PathBuf>,
+    pub model_name: Option<String>,
+    pub model_version: String,
+    pub imgsz: Option<(usize, usize)>,
+    pub instances: usize,
+    pub threads: usize,
+    pub max_batch: usize,
+    pub max_queue_delay_us: u64,
+    pub preferred_batch_sizes: Vec<usize>,
+    pub queue_capacity: usize,
+    pub max_in_flight: usize,
+    pub preprocess_threads: usize,
+    pub request_timeout_ms: u64,
+    pub max_request_timeout_ms: u64,
+    pub max_body_bytes: usize,
+    pub body_timeout_ms: u64,
+    pub max_pixels: u64,
+    pub shutdown_timeout_s: u64,
+    pub ort_lib: Option<PathBuf>,
+}
+
+impl Default for ServeSettings {
+    fn default() -> Self {
+        Self {
+            host: "0.0.0.0".into(),
+            port: 8080,
+            model: None,
+            model_name: None,
+            model_version: "1".into(),
+            imgsz: None,
+            instances: 1,
+            threads: 0,
+            max_batch: 4,
+            max_queue_delay_us: 2_000,
+            preferred_batch_sizes: Vec::new(),
+            queue_capacity: 64,
+            max_in_flight: 128,
+            preprocess_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            request_timeout_ms: 10_000,
+            max_request_timeout_ms: 60_000,
+            max_body_bytes: 32 << 20,
+            body_timeout_ms: 30_000,
+            max_pixels: 50_000_000,
+            shutdown_timeout_s: 30,
+            ort_lib: None,
+        }
+    }
+}
+
+/// Flags of `peregrine serve`. Each overrides the config file; unset ones keep it.
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// TOML file with any of the settings below (same names, with underscores).
+    #[arg(long, env = "PEREGRINE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 0.0.0.0].
+    #[arg(long, env = "PEREGRINE_HOST")]
+    pub host: Option<String>,
+    /// HTTP port [default: 8080].
+    #[arg(long, env = "PEREGRINE_PORT")]
+    pub port: Option<u16>,
+    /// ONNX model file [default: the embedded YOLO11n].
+    #[arg(long, env = "PEREGRINE_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Name clients use for the model [default: the file's stem, or yolo11n].
+    #[arg(long, env = "PEREGRINE_MODEL_NAME")]
+    pub model_name: Option<String>,
+    /// Version reported with each result [default: 1].
+    #[arg(long, env = "PEREGRINE_MODEL_VERSION")]
+    pub model_version: Option<String>,
+    /// Input size HEIGHT[,WIDTH] for models with dynamic input size.
+    #[arg(long, env = "PEREGRINE_IMGSZ", value_parser = crate::cli::parse_imgsz)]
+    pub imgsz: Option<(usize, usize)>,
+    /// Model instances (ONNX Runtime sessions), each on its own thread [default: 1].
+    #[arg(long, env = "PEREGRINE_INSTANCES")]
+    pub instances: Option<usize>,
+    /// ONNX Runtime intra-op threads per instance, 0 for one per core [default: 0].
+    #[arg(long, env = "PEREGRINE_THREADS")]
+    pub threads: Option<usize>,
+    /// Most images in one model run [default: 4].
+    #[arg(long, env = "PEREGRINE_MAX_BATCH")]
+    pub max_batch: Option<usize>,
+    /// Longest a request waits for others to batch with, in microseconds; 0 disables
+    /// waiting [default: 2000].
+    #[arg(long, env = "PEREGRINE_MAX_QUEUE_DELAY_US")]
+    pub max_queue_delay_us: Option<u64>,
+    /// Batch sizes to prefer when the delay expires, comma separated.
+    #[arg(long, env = "PEREGRINE_PREFERRED_BATCH_SIZES", value_delimiter = ',')]
+    pub preferred_batch_sizes: Option<Vec<usize>>,
+    /// Images waiting for a model before new ones get 429 [default: 64].
+    #[arg(long, env = "PEREGRINE_QUEUE_CAPACITY")]
+    pub queue_capacity: Option<usize>,
+    /// Requests admitted at once (reading, decoding, queued, running) before new ones get
+    /// 429 [default: 128].
+    #[arg(long, env = "PEREGRINE_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
+    /// Images decoded and letterboxed at once [default: the number of cores].
+    #[arg(long, env = "PEREGRINE_PREPROCESS_THREADS")]
+    pub preprocess_threads: Option<usize>,
+    /// Deadline of a request that sets none, in ms [default: 10000].
+    #[arg(long, env = "PEREGRINE_REQUEST_TIMEOUT_MS")]
+    pub request_timeout_ms: Option<u64>,
+    /// Longest deadline a request may set, in ms [default: 60000].
+    #[arg(long, env = "PEREGRINE_MAX_REQUEST_TIMEOUT_MS")]
+    pub max_request_timeout_ms: Option<u64>,
+    /// Largest request body, in bytes [default: 33554432].
+    #[arg(long, env = "PEREGRINE_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Longest a client may take to send its body, in ms [default: 30000].
+    #[arg(long, env = "PEREGRINE_BODY_TIMEOUT_MS")]
+    pub body_timeout_ms: Option<u64>,
+    /// Largest image in pixels, checked before decoding [default: 50000000].
+    #[arg(long, env = "PEREGRINE_MAX_PIXELS")]
+    pub max_pixels: Option<u64>,
+    /// Longest the server waits for in-flight requests after SIGTERM/SIGINT, in s
+    /// [default: 30].
+    #[arg(long, env = "PEREGRINE_SHUTDOWN_TIMEOUT_S")]
+    pub shutdown_timeout_s: Option<u64>,
+    /// Path of libonnxruntime.so [default: the copy `make setup` fetched].
+    #[arg(long, env = "ORT_DYLIB_PATH")]
+    pub ort_lib: Option<PathBuf>,
+}
+
+fn read_file(path: &Path) -> Result<ServeSettings> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+}
+
+impl ServeArgs {
+    /// Defaults, then the file, then flags and environment.
+    pub fn resolve(self) -> Result<ServeSettings> {
+        let mut s = match &self.config {
+            Some(p) => read_file(p)?,
+            None => ServeSettings::default(),
+        };
+        macro_rules! take {
+            ($($field:ident),*) => { $( if let Some(v) = self.$field { s.$field = v; } )* };
+        }
+        macro_rules! take_opt {
+            ($($field:ident),*) => { $( if self.$field.is_some() { s.$field = self.$field; } )* };
+        }
+        take!(
+            host,
+            port,
+            model_version,
+            instances,
+            threads,
+            max_batch,
+            max_queue_delay_us,
+            preferred_batch_sizes,
+            queue_capacity,
+            max_in_flight,
+            preprocess_threads,
+            request_timeout_ms,
+            max_request_timeout_ms,
+            max_body_bytes,
+            body_timeout_ms,
+            max_pixels,
+            shutdown_timeout_s
+        );
+        take_opt!(model, model_name, imgsz, ort_lib);
+        s.validate()?;
+        Ok(s)
+    }
+}
+
+impl ServeSettings {
+    fn validate(&self) -> Result<()> {
+        let positive = [
+            ("instances", self.instances),
+            ("max_batch", self.max_batch),
+            ("queue_capacity", self.queue_capacity),
+            ("max_in_flight", self.max_in_flight),
+            ("preprocess_threads", self.preprocess_threads),
+            ("max_body_bytes", self.max_body_bytes),
+        ];
+        for (name, v) in positive {
+            anyhow::ensure!(v > 0, "{name} must be at least 1");
+        }
+        anyhow::ensure!(
+            self.request_timeout_ms > 0,
+            "request_timeout_ms must be at least 1"
+        );
+        anyhow::ensure!(
+            self.max_request_timeout_ms >= self.request_timeout_ms,
+            "max_request_timeout_ms ({}) is below request_timeout_ms ({})",
+            self.max_request_timeout_ms,
+            self.request_timeout_ms
+        );
+        if let Some(p) = self
+            .preferred_batch_sizes
+            .iter()
+            .find(|&&p| p == 0 || p > self.max_batch)
+        {
+            anyhow::bail!("preferred batch size {p} is outside 1..={}", self.max_batch);
+        }
+        Ok(())
+    }
+
+    /// The name the model is served under.
+    pub fn model_name(&self) -> String {
+        self.model_name.clone().unwrap_or_else(|| {
+            self.model
+                .as_ref()
+                .and_then(|p| p.file_stem())
+                .map_or_else(|| "yolo11n".into(), |s| s.to_string_lossy().into_owned())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_flags_override_defaults() {
+        let dir = std::env::temp_dir().join(format!("peregrine-serve-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(
+            &file,
+            "port = 9000\nmax_batch = 8\npreferred_batch_sizes = [4, 8]\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(file.clone()),
+            max_batch: Some(6),
+            ..Default::default()
+        };
+        let err = args.resolve().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("preferred batch size 8 is outside 1..=6"),
+            "{err}"
+        );
+        let args = ServeArgs {
+            config: Some(file),
+            instances: Some(2),
+            ..Default::default()
+        };
+        let s = args.resolve().unwrap();
+        assert_eq!(
+            (s.port, s.max_batch, s.instances, s.host.as_str()),
+            (9000, 8, 2, "0.0.0.0")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_errors() {
+        let err = toml::from_str::<ServeSettings>("prot = 1").unwrap_err();
+        assert!(err.to_string().contains("unknown field `prot`"), "{err}");
+    }
+
+    #[test]
+    fn model_name_defaults_to_the_file_stem() {
+        let s = ServeSettings {
+            model: Some("/m/yolo26n-e2e.onnx".into()),
+            ..Default::default()
+        };
+        assert_eq!(s.model_name(), "yolo26n-e2e");
+        assert_eq!(ServeSettings::default().model_name(), "yolo11n");
+    }
+}
