@@ -1,9 +1,9 @@
 # The two commands in the README: `make run` and `make test`. Both run setup first.
 CARGO ?= cargo
-# Without ARGS: detect on the shared test photos when they sit beside the checkout.
-ARGS ?= $(if $(wildcard ../shared/images),detect --format table ../shared/images,--help)
+# Without ARGS: the detection server on port 8080.
+ARGS ?= serve
 
-.PHONY: setup build run test bench lint fmt
+.PHONY: setup build run test bench bench-serving overload lint fmt
 
 setup:
 	@./scripts/setup.sh
@@ -11,7 +11,7 @@ setup:
 build: setup
 	$(CARGO) build --release --locked
 
-# Builds and runs peregrine; pass its arguments in ARGS, e.g.
+# Builds and runs peregrine (by default the server); other commands go in ARGS, e.g.
 #   make run ARGS="detect photo.jpg --format table"
 run: build
 	./target/release/peregrine $(ARGS)
@@ -21,6 +21,14 @@ test: setup
 
 bench: setup
 	$(CARGO) bench --workspace --locked
+
+# Server figures: the model alone, then the server with batching on and off.
+bench-serving: build
+	./scripts/bench-serving.sh
+
+# Three times capacity for two minutes: stays up, memory flat, P99 within deadline.
+overload: build
+	./scripts/overload.sh
 
 lint:
 	$(CARGO) fmt --all --check

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a fresh Debian/Ubuntu machine with Rust needs before `cargo build`:
 # - system packages: cmake and nasm (libjpeg-turbo is built from source and linked
-#   statically), python3-pip and unzip (to fetch ONNX Runtime from PyPI);
+#   statically), python3-pip and unzip (to fetch ONNX Runtime from PyPI), curl (scripts);
 # - the pinned ONNX Runtime library, into .cache/onnxruntime/.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
@@ -13,6 +13,7 @@ missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v nasm >/dev/null 2>&1 || missing+=(nasm)
 command -v unzip >/dev/null 2>&1 || missing+=(unzip)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -139,18 +139,11 @@ pub async fn detect(
 
 fn respond(answer: Answer, total: Duration) -> Response {
     let names = &answer.engine.spec().names;
-    let queue = answer
-        .results
-        .iter()
-        .map(|(_, r)| r.timings.queue)
-        .max()
-        .unwrap_or_default();
-    let inference = answer
-        .results
-        .iter()
-        .map(|(_, r)| r.timings.inference)
-        .max()
-        .unwrap_or_default();
+    let slowest =
+        |f: fn(&ImageResult) -> Duration| answer.results.iter().map(|(_, r)| f(r)).max().unwrap_or_default();
+    let decode = slowest(|r| r.timings.decode);
+    let queue = slowest(|r| r.timings.queue);
+    let inference = slowest(|r| r.timings.inference);
     let (model, version) = (
         answer.engine.name().to_string(),
         answer.engine.version().to_string(),
@@ -177,23 +170,28 @@ fn respond(answer: Answer, total: Duration) -> Response {
         .into_response()
     };
     let ms = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
+    let stages = [
+        ("decode", decode),
+        ("queue", queue),
+        ("inference", inference),
+        ("total", total),
+    ];
     let h = response.headers_mut();
-    for (name, value) in [
-        ("x-queue-time-ms", queue),
-        ("x-inference-time-ms", inference),
-        ("x-total-time-ms", total),
-    ] {
+    for (stage, value) in stages {
         if let Ok(v) = HeaderValue::from_str(&ms(value)) {
-            h.insert(name, v);
+            h.insert(
+                format!("x-{stage}-time-ms")
+                    .parse::<header::HeaderName>()
+                    .expect("valid name"),
+                v,
+            );
         }
     }
-    let timing = format!(
-        "queue;dur={}, inference;dur={}, total;dur={}",
-        ms(queue),
-        ms(inference),
-        ms(total)
-    );
-    if let Ok(v) = HeaderValue::from_str(&timing) {
+    let timing: Vec<String> = stages
+        .iter()
+        .map(|(stage, d)| format!("{stage};dur={}", ms(*d)))
+        .collect();
+    if let Ok(v) = HeaderValue::from_str(&timing.join(", ")) {
         h.insert("server-timing", v);
     }
     response

@@ -37,7 +37,9 @@ pub enum ApiError {
 impl ApiError {
     fn request_status(e: &RequestError) -> StatusCode {
         match e {
-            RequestError::Overloaded { .. } | RequestError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RequestError::Overloaded { .. }
+            | RequestError::QueueFull { .. }
+            | RequestError::Backlogged { .. } => StatusCode::TOO_MANY_REQUESTS,
             RequestError::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             RequestError::BadImage(DecodeError::TooLarge { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
             RequestError::BadImage(DecodeError::UnsupportedFormat(_)) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -64,6 +66,7 @@ impl ApiError {
             Self::Request(e) | Self::Image { source: e, .. } => match e {
                 RequestError::Overloaded { .. } => "overloaded",
                 RequestError::QueueFull { .. } => "queue_full",
+                RequestError::Backlogged { .. } => "backlogged",
                 RequestError::DeadlineExceeded { .. } => "deadline_exceeded",
                 RequestError::BadImage(DecodeError::TooLarge { .. }) => "image_too_large",
                 RequestError::BadImage(_) => "bad_image",

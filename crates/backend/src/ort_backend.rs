@@ -24,6 +24,10 @@ pub enum ExecutionProvider {
 pub struct SessionConfig {
     /// Threads for one operator; 0 lets ONNX Runtime choose (one per physical core).
     pub intra_threads: usize,
+    /// Let idle intra-op threads spin instead of sleeping. ONNX Runtime's default (`None`)
+    /// spins, which is fastest when the model has the cores to itself; turn it off when
+    /// decoding shares the same cores.
+    pub intra_op_spinning: Option<bool>,
     pub provider: ExecutionProvider,
     /// The ONNX Runtime library to load; `None` searches the usual places.
     pub runtime_path: Option<PathBuf>,

@@ -34,6 +34,11 @@ pub enum RequestError {
     Overloaded { limit: usize },
     #[error("the {model} queue is full ({capacity} images waiting); retry shortly")]
     QueueFull { model: String, capacity: usize },
+    #[error(
+        "the queue holds about {expected_ms} ms of work, more than this request's remaining \
+         deadline of {budget_ms} ms; retry shortly or allow a longer deadline"
+    )]
+    Backlogged { expected_ms: u64, budget_ms: u64 },
     #[error("the request's deadline passed while {stage}; nothing was computed for it")]
     DeadlineExceeded { stage: &'static str },
     #[error("{0}")]
@@ -50,7 +55,7 @@ impl RequestError {
     /// The outcome label for metrics.
     pub fn outcome(&self) -> &'static str {
         match self {
-            Self::Overloaded { .. } | Self::QueueFull { .. } => "rejected",
+            Self::Overloaded { .. } | Self::QueueFull { .. } | Self::Backlogged { .. } => "rejected",
             Self::DeadlineExceeded { .. } => "deadline",
             Self::BadImage(_) => "bad_input",
             Self::NotReady { .. } | Self::ShuttingDown | Self::Inference(_) => "error",

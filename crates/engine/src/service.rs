@@ -38,6 +38,9 @@ pub struct EngineConfig {
     /// Images decoded and letterboxed at once.
     pub preprocess_threads: usize,
     pub decode_limits: DecodeLimits,
+    /// Refuse (429) a request whose deadline is shorter than the work already queued,
+    /// instead of queueing it to time out (504).
+    pub shed_on_backlog: bool,
 }
 
 /// Builds one model instance; called once per instance at start.
@@ -93,6 +96,28 @@ struct Shared {
     ready_instances: AtomicUsize,
     failed: AtomicBool,
     buffers: ArrayQueue<Vec<u8>>,
+    /// Images waiting in the batch queue, as the queue task last saw it.
+    queued: AtomicUsize,
+    /// Recent model time per image, in nanoseconds (moving average; 0 until measured).
+    ns_per_image: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    /// How long a request arriving now would wait for its result: the queue ahead of it
+    /// plus a batch in progress, shared among the instances.
+    fn expected_wait(&self) -> Duration {
+        let per_image = self.ns_per_image.load(Ordering::Relaxed);
+        let ahead = self.queued.load(Ordering::Relaxed) + self.config.policy.max_batch;
+        Duration::from_nanos(per_image.saturating_mul(ahead as u64) / self.config.instances.max(1) as u64)
+    }
+
+    fn record_service_time(&self, batch: Duration, images: usize) {
+        let sample = (batch.as_nanos() / images.max(1) as u128) as u64;
+        let old = self.ns_per_image.load(Ordering::Relaxed);
+        // A short moving average: follows the machine's speed within a few batches.
+        let new = if old == 0 { sample } else { (old * 7 + sample) / 8 };
+        self.ns_per_image.store(new, Ordering::Relaxed);
+    }
 }
 
 /// A cloneable handle to a running engine. Dropping every handle stops it: the queue task
@@ -133,6 +158,8 @@ impl Engine {
             ready_instances: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
             buffers: ArrayQueue::new(pool_size),
+            queued: AtomicUsize::new(0),
+            ns_per_image: std::sync::atomic::AtomicU64::new(0),
             spec,
             config: EngineConfig {
                 policy: policy.clone(),
@@ -224,6 +251,16 @@ impl Engine {
         if !self.is_ready() {
             return Err(RequestError::NotReady {
                 model: self.shared.config.name.clone(),
+            });
+        }
+        // Refuse now, with a 429 the client can act on, rather than decode and queue a
+        // request that will certainly miss its deadline and end as a 504.
+        let expected = self.shared.expected_wait();
+        let budget = deadline.saturating_duration_since(Instant::now());
+        if self.shared.config.shed_on_backlog && expected > budget {
+            return Err(RequestError::Backlogged {
+                expected_ms: expected.as_millis() as u64,
+                budget_ms: budget.as_millis() as u64,
             });
         }
         let tokio_deadline = tokio::time::Instant::from_std(deadline);
@@ -357,6 +394,7 @@ async fn run_queue(mut commands: mpsc::Receiver<Command>, policy: BatchPolicy, s
                 .send(Err(RequestError::DeadlineExceeded { stage: "queued" }));
             let _ = shared.buffers.push(entry.canvas);
         }
+        shared.queued.store(queue.len(), Ordering::Relaxed);
         telemetry::queue_depth(&model, queue.len());
     }
     for entry in queue.drain_all() {
@@ -399,6 +437,7 @@ fn run_instance(
         match outcome {
             Ok((detections, t)) => {
                 telemetry::batch_ran(&model, size, t.preprocess, t.inference, t.postprocess);
+                shared.record_service_time(t.total(), size);
                 for ((entry, waited), detections) in batch.into_iter().zip(detections) {
                     let timings = RequestTimings {
                         decode: entry.decode,
@@ -537,6 +576,7 @@ mod tests {
             max_in_flight: in_flight,
             preprocess_threads: 2,
             decode_limits: DecodeLimits::default(),
+            shed_on_backlog: false,
         };
         (Engine::start(config, &factory).unwrap(), computed)
     }

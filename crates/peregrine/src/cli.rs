@@ -42,6 +42,8 @@ pub enum Command {
     Serve(Box<crate::serve_config::ServeArgs>),
     /// Load-test a running server with real images.
     Bench(crate::loadgen::BenchArgs),
+    /// Measure the model alone (no server): images per second by batch size.
+    BenchModel(crate::model_bench::ModelBenchArgs),
 }
 
 /// Options shared by everything that loads a model.

@@ -71,6 +71,21 @@ pub struct LatencyMs {
     pub mean: f64,
 }
 
+/// Medians and 99th percentiles of the server's own timing headers, in ms.
+#[derive(Debug, Serialize)]
+pub struct ServerTimesMs {
+    pub decode_p50: f64,
+    pub queue_p50: f64,
+    pub queue_p99: f64,
+    pub inference_p50: f64,
+    pub total_p50: f64,
+    pub total_p99: f64,
+    /// Server total minus decode and model work (normalise + run + postprocess): HTTP
+    /// handling, queueing and scheduling.
+    pub overhead_p50: f64,
+    pub overhead_p99: f64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct BenchReport {
     pub url: String,
@@ -85,11 +100,42 @@ pub struct BenchReport {
     pub throughput_rps: f64,
     /// Latency of successful requests.
     pub latency_ms: LatencyMs,
+    pub server_ms: ServerTimesMs,
     pub errors: BTreeMap<String, u64>,
 }
 
+/// What one successful response said about its time on the server, in microseconds.
+#[derive(Debug, Default, Clone, Copy)]
+struct ServerTimes {
+    decode: u64,
+    queue: u64,
+    inference: u64,
+    total: u64,
+}
+
+impl ServerTimes {
+    fn from_headers(h: &reqwest::header::HeaderMap) -> Self {
+        let micros = |name: &str| {
+            h.get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<f64>().ok())
+                .map_or(0, |ms| (ms * 1e3).round() as u64)
+        };
+        Self {
+            decode: micros("x-decode-time-ms"),
+            queue: micros("x-queue-time-ms"),
+            inference: micros("x-inference-time-ms"),
+            total: micros("x-total-time-ms"),
+        }
+    }
+}
+
+/// Histograms of the server timings: decode, queue, inference, total, overhead.
+struct ServerHistograms([Histogram<u64>; 5]);
+
 struct Collector {
     latencies: Mutex<Histogram<u64>>,
+    server: Mutex<ServerHistograms>,
     errors: Mutex<BTreeMap<String, u64>>,
     sent: AtomicU64,
     ok: AtomicU64,
@@ -97,15 +143,24 @@ struct Collector {
 }
 
 impl Collector {
-    fn record(&self, outcome: Result<Duration, String>) {
+    fn record(&self, outcome: Result<(Duration, ServerTimes), String>) {
         match outcome {
-            Ok(latency) => {
+            Ok((latency, t)) => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
                 let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1);
                 self.latencies
                     .lock()
                     .expect("histogram lock")
                     .saturating_record(micros);
+                let overhead = t.total.saturating_sub(t.decode + t.inference);
+                let mut server = self.server.lock().expect("histogram lock");
+                for (h, v) in server
+                    .0
+                    .iter_mut()
+                    .zip([t.decode, t.queue, t.inference, t.total, overhead])
+                {
+                    h.saturating_record(v.max(1));
+                }
             }
             Err(kind) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
@@ -124,7 +179,7 @@ struct Target {
 }
 
 impl Target {
-    async fn send(&self) -> Result<(), String> {
+    async fn send(&self) -> Result<ServerTimes, String> {
         let (body, content_type) =
             &self.images[self.next.fetch_add(1, Ordering::Relaxed) % self.images.len()];
         let mut req = self
@@ -137,7 +192,8 @@ impl Target {
         }
         match req.send().await {
             Ok(resp) if resp.status().is_success() => {
-                resp.bytes().await.map(|_| ()).map_err(|_| "body".to_string())
+                let times = ServerTimes::from_headers(resp.headers());
+                resp.bytes().await.map(|_| times).map_err(|_| "body".to_string())
             }
             Ok(resp) => {
                 let status = resp.status().as_u16();
@@ -217,8 +273,16 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
         next: AtomicUsize::new(0),
         deadline_ms: args.deadline_ms,
     });
+    let histogram = || Histogram::new_with_bounds(1, 3_600_000_000, 3);
     let collector = Arc::new(Collector {
-        latencies: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3)?),
+        latencies: Mutex::new(histogram()?),
+        server: Mutex::new(ServerHistograms([
+            histogram()?,
+            histogram()?,
+            histogram()?,
+            histogram()?,
+            histogram()?,
+        ])),
         errors: Mutex::new(BTreeMap::new()),
         sent: AtomicU64::new(0),
         ok: AtomicU64::new(0),
@@ -252,7 +316,7 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
             outstanding.fetch_add(1, Ordering::Relaxed);
             let (target, collector, outstanding) = (target.clone(), collector.clone(), outstanding.clone());
             tasks.push(tokio::spawn(async move {
-                let outcome = target.send().await.map(|()| scheduled.elapsed());
+                let outcome = target.send().await.map(|t| (scheduled.elapsed(), t));
                 collector.record(outcome);
                 outstanding.fetch_sub(1, Ordering::Relaxed);
             }));
@@ -269,7 +333,7 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
                     while Instant::now() < stop_at && sent.fetch_add(1, Ordering::Relaxed) < limit {
                         collector.sent.fetch_add(1, Ordering::Relaxed);
                         let t0 = Instant::now();
-                        let outcome = target.send().await.map(|()| t0.elapsed());
+                        let outcome = target.send().await.map(|t| (t0.elapsed(), t));
                         collector.record(outcome);
                     }
                 })
@@ -280,12 +344,26 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
         }
     }
     progress.abort();
-    eprintln!();
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!();
+    }
     let elapsed = start.elapsed().as_secs_f64();
     let h = collector.latencies.lock().expect("histogram lock").clone();
     let ms = |micros: u64| micros as f64 / 1e3;
     let successes = collector.ok.load(Ordering::Relaxed);
     let errors = collector.errors.lock().expect("errors lock").clone();
+    let server = &collector.server.lock().expect("histogram lock").0;
+    let q = |i: usize, quantile: f64| ms(server[i].value_at_quantile(quantile));
+    let server_ms = ServerTimesMs {
+        decode_p50: q(0, 0.5),
+        queue_p50: q(1, 0.5),
+        queue_p99: q(1, 0.99),
+        inference_p50: q(2, 0.5),
+        total_p50: q(3, 0.5),
+        total_p99: q(3, 0.99),
+        overhead_p50: q(4, 0.5),
+        overhead_p99: q(4, 0.99),
+    };
     Ok(BenchReport {
         url,
         mode: if args.rate.is_some() { "open" } else { "closed" },
@@ -304,11 +382,16 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
             max: ms(h.max()),
             mean: h.mean() / 1e3,
         },
+        server_ms,
         errors,
     })
 }
 
 async fn show_progress(c: Arc<Collector>, start: Instant) {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return;
+    }
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
@@ -337,6 +420,11 @@ fn print_report(r: &BenchReport) {
     println!(
         "latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",
         l.p50, l.p90, l.p99, l.max, l.mean
+    );
+    let s = &r.server_ms;
+    println!(
+        "server ms (p50): decode {:.2}  queue {:.2}  inference {:.2}  total {:.2}  overhead {:.2} (p99 {:.2})",
+        s.decode_p50, s.queue_p50, s.inference_p50, s.total_p50, s.overhead_p50, s.overhead_p99
     );
     if r.errors.is_empty() {
         println!("errors: none");

@@ -6,6 +6,7 @@ mod detect;
 mod inputs;
 mod loadgen;
 mod model;
+mod model_bench;
 mod report;
 mod serve;
 mod serve_config;
@@ -25,6 +26,7 @@ fn main() -> ExitCode {
         cli::Command::Detect(args) => detect::run(args),
         cli::Command::Serve(args) => serve::run(*args),
         cli::Command::Bench(args) => loadgen::run(args),
+        cli::Command::BenchModel(args) => model_bench::run(args),
     };
     match result {
         Ok(code) => code,

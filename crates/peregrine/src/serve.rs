@@ -35,6 +35,7 @@ fn build_engine(s: &ServeSettings) -> Result<Engine> {
     };
     let session = SessionConfig {
         intra_threads: s.threads,
+        intra_op_spinning: s.spin_wait,
         runtime_path: s.ort_lib.clone(),
         ..Default::default()
     };
@@ -61,6 +62,7 @@ fn build_engine(s: &ServeSettings) -> Result<Engine> {
         decode_limits: DecodeLimits {
             max_pixels: s.max_pixels,
         },
+        shed_on_backlog: s.shed_on_backlog,
     };
     Engine::start(config, &factory).with_context(|| format!("loading model {}", s.model_name()))
 }

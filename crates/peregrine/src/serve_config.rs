@@ -19,6 +19,7 @@ pub struct ServeSettings {
     pub imgsz: Option<(usize, usize)>,
     pub instances: usize,
     pub threads: usize,
+    pub spin_wait: Option<bool>,
     pub max_batch: usize,
     pub max_queue_delay_us: u64,
     pub preferred_batch_sizes: Vec<usize>,
@@ -30,6 +31,7 @@ pub struct ServeSettings {
     pub max_body_bytes: usize,
     pub body_timeout_ms: u64,
     pub max_pixels: u64,
+    pub shed_on_backlog: bool,
     pub shutdown_timeout_s: u64,
     pub ort_lib: Option<PathBuf>,
 }
@@ -45,8 +47,11 @@ impl Default for ServeSettings {
             imgsz: None,
             instances: 1,
             threads: 0,
+            // Measured on the 2-core VM (docs/benchmarks.md): with decoding on the same cores,
+            // sleeping idle threads beat spinning ones.
+            spin_wait: Some(false),
             max_batch: 4,
-            max_queue_delay_us: 2_000,
+            max_queue_delay_us: 0,
             preferred_batch_sizes: Vec::new(),
             queue_capacity: 64,
             max_in_flight: 128,
@@ -56,6 +61,7 @@ impl Default for ServeSettings {
             max_body_bytes: 32 << 20,
             body_timeout_ms: 30_000,
             max_pixels: 50_000_000,
+            shed_on_backlog: true,
             shutdown_timeout_s: 30,
             ort_lib: None,
         }
@@ -92,11 +98,16 @@ pub struct ServeArgs {
     /// ONNX Runtime intra-op threads per instance, 0 for one per core [default: 0].
     #[arg(long, env = "PEREGRINE_THREADS")]
     pub threads: Option<usize>,
+    /// Whether ONNX Runtime's idle intra-op threads spin (true) or sleep (false)
+    /// [default: false, since decoding shares the cores].
+    #[arg(long, env = "PEREGRINE_SPIN_WAIT")]
+    pub spin_wait: Option<bool>,
     /// Most images in one model run [default: 4].
     #[arg(long, env = "PEREGRINE_MAX_BATCH")]
     pub max_batch: Option<usize>,
-    /// Longest a request waits for others to batch with, in microseconds; 0 disables
-    /// waiting [default: 2000].
+    /// Longest a request waits for others to batch with, in microseconds. With 0, batches
+    /// form only from requests already waiting, which adds no latency at low load; GPUs
+    /// want 1000-2000 [default: 0].
     #[arg(long, env = "PEREGRINE_MAX_QUEUE_DELAY_US")]
     pub max_queue_delay_us: Option<u64>,
     /// Batch sizes to prefer when the delay expires, comma separated.
@@ -127,6 +138,10 @@ pub struct ServeArgs {
     /// Largest image in pixels, checked before decoding [default: 50000000].
     #[arg(long, env = "PEREGRINE_MAX_PIXELS")]
     pub max_pixels: Option<u64>,
+    /// Answer 429 at once when the queued work already exceeds a request's deadline,
+    /// rather than queueing it to end in 504 [default: true].
+    #[arg(long, env = "PEREGRINE_SHED_ON_BACKLOG")]
+    pub shed_on_backlog: Option<bool>,
     /// Longest the server waits for in-flight requests after SIGTERM/SIGINT, in s
     /// [default: 30].
     #[arg(long, env = "PEREGRINE_SHUTDOWN_TIMEOUT_S")]
@@ -172,9 +187,10 @@ impl ServeArgs {
             max_body_bytes,
             body_timeout_ms,
             max_pixels,
+            shed_on_backlog,
             shutdown_timeout_s
         );
-        take_opt!(model, model_name, imgsz, ort_lib);
+        take_opt!(model, model_name, imgsz, ort_lib, spin_wait);
         s.validate()?;
         Ok(s)
     }
