@@ -17,7 +17,7 @@ run: build
 	./target/release/peregrine $(ARGS)
 
 test: setup
-	$(CARGO) test --workspace --locked
+	./scripts/test.sh
 
 bench: setup
 	$(CARGO) bench --workspace --locked

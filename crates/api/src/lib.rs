@@ -24,6 +24,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use peregrine_engine::{telemetry, Engine};
 
 pub use error::ApiError;
+pub use wire::DetectionJson;
 
 /// Limits and defaults of the HTTP layer.
 #[derive(Debug, Clone)]

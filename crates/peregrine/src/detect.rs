@@ -14,8 +14,9 @@ use peregrine_types::{ClassNames, Detection};
 use peregrine_vision::{decode_image, DecodeLimits, DecodedImage, ImageView};
 
 use crate::cli::{DetectArgs, OutputFormat};
-use crate::report::{self, DetectionReport, ImageReport};
+use crate::report::{self, ImageReport};
 use crate::{inputs, model};
+use peregrine_api::DetectionJson;
 
 type Decoded = (PathBuf, Result<DecodedImage>);
 
@@ -120,7 +121,7 @@ fn emit(
         image: &shown,
         width: img.width(),
         height: img.height(),
-        detections: dets.iter().map(|d| DetectionReport::new(d, names)).collect(),
+        detections: dets.iter().map(|d| DetectionJson::new(d, names)).collect(),
     };
     match format {
         OutputFormat::Json => report::write_json(out, &report)?,

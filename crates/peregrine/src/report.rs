@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use peregrine_types::{ClassNames, Detection};
+use peregrine_api::DetectionJson;
 use serde::Serialize;
 
 /// One line of `peregrine detect`'s JSON output.
@@ -11,33 +11,7 @@ pub struct ImageReport<'a> {
     pub image: &'a str,
     pub width: u32,
     pub height: u32,
-    pub detections: Vec<DetectionReport>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DetectionReport {
-    pub class_id: u32,
-    pub class_name: String,
-    pub score: f64,
-    #[serde(rename = "box")]
-    pub bbox: [f64; 4],
-}
-
-/// Scores keep 5 decimals and coordinates 2: finer digits are noise from the model.
-fn round(v: f32, decimals: i32) -> f64 {
-    let k = 10f64.powi(decimals);
-    (f64::from(v) * k).round() / k
-}
-
-impl DetectionReport {
-    pub fn new(d: &Detection, names: &ClassNames) -> Self {
-        Self {
-            class_id: d.class_id,
-            class_name: names.name(d.class_id).into_owned(),
-            score: round(d.score, 5),
-            bbox: [d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2].map(|v| round(v, 2)),
-        }
-    }
+    pub detections: Vec<DetectionJson>,
 }
 
 pub fn write_json(out: &mut impl Write, report: &ImageReport<'_>) -> std::io::Result<()> {
@@ -76,7 +50,7 @@ pub fn write_table(out: &mut impl Write, report: &ImageReport<'_>) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use peregrine_types::BBox;
+    use peregrine_types::{BBox, ClassNames, Detection};
 
     fn sample() -> ImageReport<'static> {
         let names = ClassNames::new(vec!["person".into()]);
@@ -89,7 +63,7 @@ mod tests {
             image: "a.jpg",
             width: 64,
             height: 48,
-            detections: vec![DetectionReport::new(&d, &names)],
+            detections: vec![DetectionJson::new(&d, &names)],
         }
     }
 

@@ -12,6 +12,16 @@ fn image_bytes(name: &str) -> Vec<u8> {
     std::fs::read(shared_dir().join("images").join(name)).unwrap()
 }
 
+/// Sends `n` requests in the background to keep the model busy; yields their statuses.
+fn occupy(client: &reqwest::Client, url: &str, n: usize) -> Vec<tokio::task::JoinHandle<u16>> {
+    (0..n)
+        .map(|_| {
+            let (client, url, bytes) = (client.clone(), url.to_string(), image_bytes("bus.jpg"));
+            tokio::spawn(async move { post_image(&client, &url, bytes, &[]).await.status().as_u16() })
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_detections_match_the_reference() {
     let server = Server::start(&["--max-batch", "4"]);
@@ -254,12 +264,7 @@ async fn an_expired_deadline_gets_504_and_no_inference() {
     let client = reqwest::Client::new();
     let url = server.url("/v1/detect");
     // Keep the only instance busy with four images queued ahead.
-    let busy: Vec<_> = (0..4)
-        .map(|_| {
-            let (client, url, bytes) = (client.clone(), url.clone(), image_bytes("bus.jpg"));
-            tokio::spawn(async move { post_image(&client, &url, bytes, &[]).await.status().as_u16() })
-        })
-        .collect();
+    let busy = occupy(&client, &url, 4);
     tokio::time::sleep(Duration::from_millis(100)).await;
     // Long enough to be decoded and queued, far too short for four model runs ahead.
     let r = post_image(
@@ -335,5 +340,62 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
     assert!(
         client.get(server.url("/health/live")).send().await.is_err(),
         "no longer accepting"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_is_dropped_before_its_batch() {
+    // A 1280x1280 input makes each model run slow (hundreds of ms), which gives the timing
+    // below wide margins even on a loaded machine.
+    let server = Server::start(&[
+        "--max-batch",
+        "1",
+        "--instances",
+        "1",
+        "--imgsz",
+        "1280",
+        "--shed-on-backlog",
+        "false",
+    ]);
+    server.wait_ready().await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/detect");
+    let busy = occupy(&client, &url, 6);
+    // Wait until most of them are decoded and queued, so the next request waits behind
+    // several slow model runs.
+    let start = std::time::Instant::now();
+    while server.metric("peregrine_queue_depth", "").await < 4.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the queue never filled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // This client gives up long before the requests ahead of it are done, and hangs up.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(1000))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(&url)
+        .header("content-type", "image/jpeg")
+        .body(image_bytes("zidane.jpg"))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the impatient client timed out");
+    for b in busy {
+        assert_eq!(b.await.unwrap(), 200);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        server.metric("peregrine_inferred_images_total", "").await,
+        6.0,
+        "never computed"
+    );
+    assert_eq!(
+        server
+            .metric("peregrine_queue_dropped_total", "reason=\"abandoned\"")
+            .await,
+        1.0
     );
 }
