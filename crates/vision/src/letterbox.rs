@@ -108,14 +108,15 @@ impl Letterbox {
 const COEF_BITS: u32 = 11;
 const COEF_SCALE: f32 = (1 << COEF_BITS) as f32;
 
-/// Blends two horizontally resampled values (scaled by 2^11) with vertical weights, the way
-/// OpenCV's vectorised 8-bit path does (`VResizeLinearVec_32s8u`): drop 4 bits, 16-bit
-/// multiply-high, then a rounding shift by 2. Its rounding differs from the exact
-/// `(a*b0 + b*b1 + 2^21) >> 22` by one level at times, and parity wants OpenCV's.
+/// Blends two horizontally resampled values with vertical weights, the way OpenCV's
+/// vectorised 8-bit path does (`VResizeLinearVec_32s8u`): the rows arrive already shifted
+/// right by 4 (see [`LetterboxCanvas::ensure_row`]), then a 16-bit multiply-high per row and
+/// a rounding shift by 2. Its rounding differs from the exact `(a*b0 + b*b1 + 2^21) >> 22`
+/// by one level at times, and parity wants OpenCV's.
 #[inline(always)]
-fn vertical_blend(a: i32, b: i32, b0: i32, b1: i32) -> u8 {
-    let t0 = ((a >> 4) * b0) >> 16;
-    let t1 = ((b >> 4) * b1) >> 16;
+fn vertical_blend(a: i16, b: i16, b0: i32, b1: i32) -> u8 {
+    let t0 = (i32::from(a) * b0) >> 16;
+    let t1 = (i32::from(b) * b1) >> 16;
     ((t0 + t1 + 2) >> 2).clamp(0, 255) as u8
 }
 
@@ -124,12 +125,15 @@ fn vertical_blend(a: i32, b: i32, b0: i32, b1: i32) -> u8 {
 struct AxisTable {
     index: Vec<u32>,
     weights: Vec<[i32; 2]>,
+    /// Byte offsets of both taps in an RGB row (horizontal use only).
+    taps: Vec<[u32; 2]>,
 }
 
 impl AxisTable {
     fn build(&mut self, src: usize, dst: usize) {
         self.index.clear();
         self.weights.clear();
+        self.taps.clear();
         let scale = src as f64 / dst as f64;
         for d in 0..dst {
             let f = ((d as f64 + 0.5) * scale - 0.5) as f32;
@@ -148,6 +152,8 @@ impl AxisTable {
             let w1 = (frac * COEF_SCALE).round_ties_even() as i32;
             self.index.push(s as u32);
             self.weights.push([w0, w1]);
+            let next = (s as usize + 1).min(src - 1);
+            self.taps.push([s as u32 * 3, next as u32 * 3]);
         }
     }
 }
@@ -161,8 +167,9 @@ pub struct LetterboxCanvas {
     height: usize,
     xs: AxisTable,
     ys: AxisTable,
-    /// Two horizontally resampled rows, with the source row each holds.
-    rows: [Vec<i32>; 2],
+    /// Two horizontally resampled rows (scaled by 2^11, then shifted right by 4 as the
+    /// vertical pass wants them, which fits 16 bits), with the source row each holds.
+    rows: [Vec<i16>; 2],
     row_src: [Option<usize>; 2],
 }
 
@@ -228,12 +235,22 @@ impl LetterboxCanvas {
             let sy1 = (sy0 + 1).min(src.height - 1);
             let [b0, b1] = self.ys.weights[dy];
             self.ensure_row(0, sy0, src);
-            self.ensure_row(1, sy1, src);
             let out_start = (lb.top + dy) * row_bytes + lb.left * 3;
             let out = &mut pixels[out_start..out_start + sw * 3];
-            let (r0, r1) = (&self.rows[0], &self.rows[1]);
-            for ((o, &a), &b) in out.iter_mut().zip(r0.iter()).zip(r1.iter()) {
-                *o = vertical_blend(a, b, b0, b1);
+            let n = out.len();
+            let r0 = &self.rows[0][..n];
+            if b1 == 0 {
+                // The second row has no weight (edges, exact ratios): skip resampling it.
+                for i in 0..n {
+                    out[i] = vertical_blend(r0[i], 0, b0, 0);
+                }
+                continue;
+            }
+            self.ensure_row(1, sy1, src);
+            let (r0, r1) = (&self.rows[0][..n], &self.rows[1][..n]);
+            // Indexed over equal-length slices so the loop vectorises.
+            for i in 0..n {
+                out[i] = vertical_blend(r0[i], r1[i], b0, b1);
             }
         }
     }
@@ -259,14 +276,15 @@ impl LetterboxCanvas {
         }
         let row = src.row(sy);
         let out = &mut self.rows[slot];
-        let last = (src.width - 1) * 3;
-        for ((o, &sx), &[w0, w1]) in out.chunks_exact_mut(3).zip(&self.xs.index).zip(&self.xs.weights) {
-            let s0 = sx as usize * 3;
-            let s1 = (s0 + 3).min(last);
-            let (a, b) = (&row[s0..s0 + 3], &row[s1..s1 + 3]);
-            o[0] = i32::from(a[0]) * w0 + i32::from(b[0]) * w1;
-            o[1] = i32::from(a[1]) * w0 + i32::from(b[1]) * w1;
-            o[2] = i32::from(a[2]) * w0 + i32::from(b[2]) * w1;
+        for ((o, &[t0, t1]), &[w0, w1]) in out.chunks_exact_mut(3).zip(&self.xs.taps).zip(&self.xs.weights) {
+            let (a, b) = (
+                &row[t0 as usize..t0 as usize + 3],
+                &row[t1 as usize..t1 as usize + 3],
+            );
+            // At most 255 * 2^11 * 2 (weights may sum to 2^11 + 1), which >> 4 fits an i16.
+            o[0] = ((i32::from(a[0]) * w0 + i32::from(b[0]) * w1) >> 4) as i16;
+            o[1] = ((i32::from(a[1]) * w0 + i32::from(b[1]) * w1) >> 4) as i16;
+            o[2] = ((i32::from(a[2]) * w0 + i32::from(b[2]) * w1) >> 4) as i16;
         }
         self.row_src[slot] = Some(sy);
     }
