@@ -120,6 +120,32 @@ fn vertical_blend(a: i16, b: i16, b0: i32, b1: i32) -> u8 {
     ((t0 + t1 + 2) >> 2).clamp(0, 255) as u8
 }
 
+/// One output row from two resampled source rows; a loop over equal-length slices that
+/// vectorises, with an AVX2 version chosen at run time where the CPU has it.
+#[multiversion::multiversion(targets("x86_64+avx2+fma", "x86_64+sse4.1"))]
+fn blend_rows(out: &mut [u8], r0: &[i16], r1: &[i16], b0: i32, b1: i32) {
+    let n = out.len();
+    let (r0, r1) = (&r0[..n], &r1[..n]);
+    for i in 0..n {
+        out[i] = vertical_blend(r0[i], r1[i], b0, b1);
+    }
+}
+
+/// The horizontal pass over one source row: two taps per output pixel and channel.
+#[multiversion::multiversion(targets("x86_64+avx2+fma", "x86_64+sse4.1"))]
+fn resample_row(out: &mut [i16], row: &[u8], taps: &[[u32; 2]], weights: &[[i32; 2]]) {
+    for ((o, &[t0, t1]), &[w0, w1]) in out.chunks_exact_mut(3).zip(taps).zip(weights) {
+        let (a, b) = (
+            &row[t0 as usize..t0 as usize + 3],
+            &row[t1 as usize..t1 as usize + 3],
+        );
+        // At most 255 * 2^11 * 2 (weights may sum to 2^11 + 1), which >> 4 fits an i16.
+        o[0] = ((i32::from(a[0]) * w0 + i32::from(b[0]) * w1) >> 4) as i16;
+        o[1] = ((i32::from(a[1]) * w0 + i32::from(b[1]) * w1) >> 4) as i16;
+        o[2] = ((i32::from(a[2]) * w0 + i32::from(b[2]) * w1) >> 4) as i16;
+    }
+}
+
 /// Per-axis sampling table: source index and fixed-point weights for each output position.
 #[derive(Debug, Default, Clone)]
 struct AxisTable {
@@ -237,21 +263,13 @@ impl LetterboxCanvas {
             self.ensure_row(0, sy0, src);
             let out_start = (lb.top + dy) * row_bytes + lb.left * 3;
             let out = &mut pixels[out_start..out_start + sw * 3];
-            let n = out.len();
-            let r0 = &self.rows[0][..n];
             if b1 == 0 {
                 // The second row has no weight (edges, exact ratios): skip resampling it.
-                for i in 0..n {
-                    out[i] = vertical_blend(r0[i], 0, b0, 0);
-                }
+                blend_rows(out, &self.rows[0], &self.rows[0], b0, 0);
                 continue;
             }
             self.ensure_row(1, sy1, src);
-            let (r0, r1) = (&self.rows[0][..n], &self.rows[1][..n]);
-            // Indexed over equal-length slices so the loop vectorises.
-            for i in 0..n {
-                out[i] = vertical_blend(r0[i], r1[i], b0, b1);
-            }
+            blend_rows(out, &self.rows[0], &self.rows[1], b0, b1);
         }
     }
 
@@ -274,18 +292,7 @@ impl LetterboxCanvas {
             }
             return;
         }
-        let row = src.row(sy);
-        let out = &mut self.rows[slot];
-        for ((o, &[t0, t1]), &[w0, w1]) in out.chunks_exact_mut(3).zip(&self.xs.taps).zip(&self.xs.weights) {
-            let (a, b) = (
-                &row[t0 as usize..t0 as usize + 3],
-                &row[t1 as usize..t1 as usize + 3],
-            );
-            // At most 255 * 2^11 * 2 (weights may sum to 2^11 + 1), which >> 4 fits an i16.
-            o[0] = ((i32::from(a[0]) * w0 + i32::from(b[0]) * w1) >> 4) as i16;
-            o[1] = ((i32::from(a[1]) * w0 + i32::from(b[1]) * w1) >> 4) as i16;
-            o[2] = ((i32::from(a[2]) * w0 + i32::from(b[2]) * w1) >> 4) as i16;
-        }
+        resample_row(&mut self.rows[slot], src.row(sy), &self.xs.taps, &self.xs.weights);
         self.row_src[slot] = Some(sy);
     }
 }

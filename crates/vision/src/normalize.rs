@@ -6,6 +6,7 @@
 ///
 /// # Panics
 /// If the lengths disagree; callers size the slot from the same canvas.
+#[multiversion::multiversion(targets("x86_64+avx2+fma", "x86_64+sse4.1"))]
 pub fn rgb8_to_planar_f32(pixels: &[u8], out: &mut [f32]) {
     let n = pixels.len() / 3;
     assert_eq!(pixels.len(), n * 3, "pixel buffer is not whole RGB triples");

@@ -80,14 +80,12 @@ impl Postprocessor {
         self.best_class.resize(anchors, 0);
         for c in 1..num_classes {
             let scores = row(4 + c);
-            let c = c as u32;
-            let (best, class) = (&mut self.best_score[..anchors], &mut self.best_class[..anchors]);
-            // Indexed, branch-free selects over equal-length slices compile to vector blends.
-            for a in 0..anchors {
-                let greater = scores[a] > best[a];
-                best[a] = if greater { scores[a] } else { best[a] };
-                class[a] = if greater { c } else { class[a] };
-            }
+            keep_best_class(
+                &mut self.best_score[..anchors],
+                &mut self.best_class[..anchors],
+                scores,
+                c as u32,
+            );
         }
         let (cx, cy, w, h) = (row(0), row(1), row(2), row(3));
         for a in 0..anchors {
@@ -150,6 +148,19 @@ impl Postprocessor {
                 );
             }
         }
+    }
+}
+
+/// Folds one class's scores into the running best score and class per anchor. Branch-free
+/// selects over equal-length slices compile to vector blends (AVX2 where available).
+#[multiversion::multiversion(targets("x86_64+avx2+fma", "x86_64+sse4.1"))]
+fn keep_best_class(best: &mut [f32], class: &mut [u32], scores: &[f32], c: u32) {
+    let n = best.len();
+    let (class, scores) = (&mut class[..n], &scores[..n]);
+    for a in 0..n {
+        let greater = scores[a] > best[a];
+        best[a] = if greater { scores[a] } else { best[a] };
+        class[a] = if greater { c } else { class[a] };
     }
 }
 
