@@ -10,7 +10,7 @@ mod ort_backend;
 pub mod runtime;
 
 pub use error::BackendError;
-pub use ort_backend::{ExecutionProvider, OrtBackend, SessionConfig};
+pub use ort_backend::{CudaOptions, ExecutionProvider, OrtBackend, SessionConfig, TensorRtOptions};
 pub use peregrine_types::ModelDescription;
 
 /// One batch of model input: a dense float32 tensor.

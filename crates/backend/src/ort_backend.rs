@@ -12,11 +12,53 @@ use peregrine_types::{Dim, ModelDescription, TensorDescription};
 use crate::{runtime, Backend, BackendError, InputBatch, OutputBuffer};
 
 /// Where the model's graph runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum ExecutionProvider {
     /// ONNX Runtime's own CPU kernels: always available.
     #[default]
     Cpu,
+    /// NVIDIA GPUs through CUDA and cuDNN (needs the GPU build of ONNX Runtime).
+    Cuda(CudaOptions),
+    /// NVIDIA TensorRT (needs TensorRT's libraries beside the GPU build of ONNX Runtime).
+    TensorRt(TensorRtOptions),
+}
+
+impl ExecutionProvider {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda(_) => "cuda",
+            Self::TensorRt(_) => "tensorrt",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CudaOptions {
+    pub device_id: i32,
+    /// Cap on the provider's memory arena, in bytes.
+    pub memory_limit: Option<usize>,
+    /// Benchmark every cuDNN convolution algorithm on first use (slower start, faster runs).
+    pub exhaustive_conv_search: bool,
+    /// Prefer NHWC kernels where cuDNN has them.
+    pub prefer_nhwc: bool,
+    /// Capture the run as a CUDA graph (fixed shapes only).
+    pub cuda_graph: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TensorRtOptions {
+    pub device_id: i32,
+    pub fp16: bool,
+    pub int8: bool,
+    /// INT8 calibration table (TensorRT's or ONNX Runtime's format).
+    pub int8_calibration_table: Option<PathBuf>,
+    /// Directory for built engines, so later starts skip the build.
+    pub engine_cache: Option<PathBuf>,
+    /// Directory for TensorRT's timing cache.
+    pub timing_cache: Option<PathBuf>,
+    /// Shape profile as `input:NxCxHxW` strings (min, opt, max) for dynamic inputs.
+    pub profile: Option<(String, String, String)>,
 }
 
 /// How one ONNX Runtime session is built.
@@ -63,8 +105,15 @@ impl OrtBackend {
                 .with_intra_threads(config.intra_threads)
                 .map_err(load_err)?;
         }
-        match config.provider {
-            ExecutionProvider::Cpu => {}
+        if let Some(ep) = provider_dispatch(&config.provider) {
+            // error_on_failure: a provider that cannot load is an error, never a silent
+            // fallback to the CPU; falling back is the caller's decision.
+            builder = builder
+                .with_execution_providers([ep.error_on_failure()])
+                .map_err(|e| BackendError::ProviderUnavailable {
+                    provider: config.provider.name().to_string(),
+                    reason: e.to_string(),
+                })?;
         }
         let session = builder.commit_from_memory(model).map_err(load_err)?;
         let description = describe(&session)?;
@@ -76,6 +125,48 @@ impl OrtBackend {
         let bytes = std::fs::read(path)
             .map_err(|e| BackendError::ModelLoad(format!("cannot read {}: {e}", path.display())))?;
         Self::from_bytes(&bytes, config)
+    }
+}
+
+fn provider_dispatch(provider: &ExecutionProvider) -> Option<ort::ep::ExecutionProviderDispatch> {
+    use ort::ep;
+    match provider {
+        ExecutionProvider::Cpu => None,
+        ExecutionProvider::Cuda(o) => {
+            let mut cuda = ep::CUDA::default()
+                .with_device_id(o.device_id)
+                .with_prefer_nhwc(o.prefer_nhwc)
+                .with_cuda_graph(o.cuda_graph);
+            if let Some(limit) = o.memory_limit {
+                cuda = cuda.with_memory_limit(limit);
+            }
+            if o.exhaustive_conv_search {
+                cuda = cuda.with_conv_algorithm_search(ep::cuda::ConvAlgorithmSearch::Exhaustive);
+            }
+            Some(cuda.build())
+        }
+        ExecutionProvider::TensorRt(o) => {
+            let mut trt = ep::TensorRT::default()
+                .with_device_id(o.device_id)
+                .with_fp16(o.fp16)
+                .with_int8(o.int8);
+            if let Some(table) = &o.int8_calibration_table {
+                trt = trt.with_int8_calibration_table_name(table.display());
+            }
+            if let Some(dir) = &o.engine_cache {
+                trt = trt.with_engine_cache(true).with_engine_cache_path(dir.display());
+            }
+            if let Some(dir) = &o.timing_cache {
+                trt = trt.with_timing_cache(true).with_timing_cache_path(dir.display());
+            }
+            if let Some((min, opt, max)) = &o.profile {
+                trt = trt
+                    .with_profile_min_shapes(min)
+                    .with_profile_opt_shapes(opt)
+                    .with_profile_max_shapes(max);
+            }
+            Some(trt.build())
+        }
     }
 }
 
@@ -153,13 +244,21 @@ impl Backend for OrtBackend {
             .session
             .run(ort::inputs![tensor])
             .map_err(|e| BackendError::Inference(e.to_string()))?;
-        let (shape, data) = outputs[0]
-            .try_extract_tensor::<f32>()
-            .map_err(|e| BackendError::Output(e.to_string()))?;
+        let output_value = &outputs[0];
         output.shape.clear();
-        output.shape.extend(shape.iter().map(|&d| d.max(0) as usize));
         output.data.clear();
-        output.data.extend_from_slice(data);
+        // Models exported for GPUs may keep float16 at the output; widen it here so
+        // everything downstream sees float32.
+        if let Ok((shape, data)) = output_value.try_extract_tensor::<f32>() {
+            output.shape.extend(shape.iter().map(|&d| d.max(0) as usize));
+            output.data.extend_from_slice(data);
+        } else {
+            let (shape, data) = output_value
+                .try_extract_tensor::<half::f16>()
+                .map_err(|e| BackendError::Output(format!("expected a float32 or float16 tensor: {e}")))?;
+            output.shape.extend(shape.iter().map(|&d| d.max(0) as usize));
+            output.data.extend(data.iter().map(|v| v.to_f32()));
+        }
         Ok(())
     }
 }

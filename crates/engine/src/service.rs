@@ -98,25 +98,36 @@ struct Shared {
     buffers: ArrayQueue<Vec<u8>>,
     /// Images waiting in the batch queue, as the queue task last saw it.
     queued: AtomicUsize,
-    /// Recent model time per image, in nanoseconds (moving average; 0 until measured).
-    ns_per_image: std::sync::atomic::AtomicU64,
+    /// Recent time of one full batch, in nanoseconds (moving average; 0 until measured).
+    ns_per_batch: std::sync::atomic::AtomicU64,
+    /// Batches running on the instances right now.
+    running: AtomicUsize,
 }
 
 impl Shared {
-    /// How long a request arriving now would wait for its result: the queue ahead of it
-    /// plus a batch in progress, shared among the instances.
+    /// How long a request arriving now would wait for its result: the batches queued
+    /// ahead of it (counted as full ones) plus those running, shared among the instances.
+    /// Nothing queued and nothing running means no wait, whatever past batches cost, so a
+    /// slow spell can never lock the engine into refusing everything.
     fn expected_wait(&self) -> Duration {
-        let per_image = self.ns_per_image.load(Ordering::Relaxed);
-        let ahead = self.queued.load(Ordering::Relaxed) + self.config.policy.max_batch;
-        Duration::from_nanos(per_image.saturating_mul(ahead as u64) / self.config.instances.max(1) as u64)
+        let queued = self.queued.load(Ordering::Relaxed);
+        let running = self.running.load(Ordering::Relaxed);
+        let batches = queued.div_ceil(self.config.policy.max_batch.max(1)) + running;
+        let per_batch = self.ns_per_batch.load(Ordering::Relaxed);
+        Duration::from_nanos(per_batch.saturating_mul(batches as u64) / self.config.instances.max(1) as u64)
     }
 
-    fn record_service_time(&self, batch: Duration, images: usize) {
-        let sample = (batch.as_nanos() / images.max(1) as u128) as u64;
-        let old = self.ns_per_image.load(Ordering::Relaxed);
+    /// Folds a full-size batch's time into the moving average (smaller batches say little
+    /// about the cost of the full ones that a backlog is made of).
+    fn record_batch_time(&self, batch: Duration, images: usize) {
+        if images < self.config.policy.max_batch {
+            return;
+        }
+        let sample = u64::try_from(batch.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.ns_per_batch.load(Ordering::Relaxed);
         // A short moving average: follows the machine's speed within a few batches.
         let new = if old == 0 { sample } else { (old * 7 + sample) / 8 };
-        self.ns_per_image.store(new, Ordering::Relaxed);
+        self.ns_per_batch.store(new, Ordering::Relaxed);
     }
 }
 
@@ -159,7 +170,8 @@ impl Engine {
             failed: AtomicBool::new(false),
             buffers: ArrayQueue::new(pool_size),
             queued: AtomicUsize::new(0),
-            ns_per_image: std::sync::atomic::AtomicU64::new(0),
+            ns_per_batch: std::sync::atomic::AtomicU64::new(0),
+            running: AtomicUsize::new(0),
             spec,
             config: EngineConfig {
                 policy: policy.clone(),
@@ -431,13 +443,15 @@ fn run_instance(
                 params: &e.params,
             })
             .collect();
+        shared.running.fetch_add(1, Ordering::Relaxed);
         let outcome = detector.run_prepared(&inputs);
+        shared.running.fetch_sub(1, Ordering::Relaxed);
         drop(inputs);
         let size = batch.len();
         match outcome {
             Ok((detections, t)) => {
                 telemetry::batch_ran(&model, size, t.preprocess, t.inference, t.postprocess);
-                shared.record_service_time(t.total(), size);
+                shared.record_batch_time(t.total(), size);
                 for ((entry, waited), detections) in batch.into_iter().zip(detections) {
                     let timings = RequestTimings {
                         decode: entry.decode,

@@ -62,6 +62,8 @@ pub struct ModelArgs {
     /// Path of libonnxruntime.so; by default the copy fetched by `make setup` is used.
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_lib: Option<PathBuf>,
+    #[command(flatten)]
+    pub provider: crate::provider_args::ProviderArgs,
 }
 
 /// Detection thresholds.

@@ -334,7 +334,14 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
                         collector.sent.fetch_add(1, Ordering::Relaxed);
                         let t0 = Instant::now();
                         let outcome = target.send().await.map(|t| (t0.elapsed(), t));
+                        // A refused client waits a little before its next try, as a real
+                        // one honouring Retry-After would, instead of turning refusals
+                        // into a busy loop that starves the server it measures.
+                        let refused = matches!(&outcome, Err(k) if k == "http_429" || k == "http_503");
                         collector.record(outcome);
+                        if refused {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
                     }
                 })
             })

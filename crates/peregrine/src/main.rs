@@ -7,6 +7,7 @@ mod inputs;
 mod loadgen;
 mod model;
 mod model_bench;
+mod provider_args;
 mod report;
 mod serve;
 mod serve_config;

@@ -1,7 +1,7 @@
 //! Loading the detection model: a file given by the user, or the one built into the binary.
 
 use anyhow::{Context, Result};
-use peregrine_backend::{OrtBackend, SessionConfig};
+use peregrine_backend::{BackendError, ExecutionProvider, OrtBackend, SessionConfig};
 use peregrine_engine::{Detector, DetectorConfig};
 use peregrine_types::{ClassNames, DetectParams, ParamsError};
 
@@ -12,17 +12,42 @@ use crate::cli::{ModelArgs, ThresholdArgs};
 pub static EMBEDDED_MODEL: &[u8] =
     include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/yolo11n.onnx"));
 
+/// Builds a session from `model` with the configured provider, falling back to the CPU
+/// only when `fallback` says so (and saying so in the log).
+pub fn load_backend(
+    model: &[u8],
+    session: &SessionConfig,
+    fallback: bool,
+) -> Result<OrtBackend, BackendError> {
+    match OrtBackend::from_bytes(model, session) {
+        Err(BackendError::ProviderUnavailable { provider, reason }) if fallback => {
+            tracing::warn!(%provider, %reason, "execution provider unavailable; falling back to the CPU");
+            let cpu = SessionConfig {
+                provider: ExecutionProvider::Cpu,
+                ..session.clone()
+            };
+            OrtBackend::from_bytes(model, &cpu)
+        }
+        other => other,
+    }
+}
+
 /// Loads the model the arguments name into a ready detector.
 pub fn load_detector(args: &ModelArgs, max_batch: usize) -> Result<Detector> {
     let session = SessionConfig {
         intra_threads: args.threads,
         runtime_path: args.ort_lib.clone(),
+        provider: args.provider.provider(),
         ..Default::default()
     };
+    let fallback = args.provider.provider_fallback;
     let backend = match &args.model {
-        Some(path) => OrtBackend::from_file(path, &session)
-            .with_context(|| format!("loading model {}", path.display()))?,
-        None => OrtBackend::from_bytes(EMBEDDED_MODEL, &session).context("loading the embedded model")?,
+        Some(path) => {
+            let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            load_backend(&bytes, &session, fallback)
+                .with_context(|| format!("loading model {}", path.display()))?
+        }
+        None => load_backend(EMBEDDED_MODEL, &session, fallback).context("loading the embedded model")?,
     };
     let config = DetectorConfig {
         imgsz: args.imgsz,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use peregrine_api::{ApiConfig, AppState};
-use peregrine_backend::{OrtBackend, SessionConfig};
+use peregrine_backend::SessionConfig;
 use peregrine_engine::{BatchPolicy, Detector, DetectorConfig, Engine, EngineConfig, EngineError};
 use peregrine_vision::DecodeLimits;
 use tokio::sync::watch;
@@ -37,14 +37,15 @@ fn build_engine(s: &ServeSettings) -> Result<Engine> {
         intra_threads: s.threads,
         intra_op_spinning: s.spin_wait,
         runtime_path: s.ort_lib.clone(),
-        ..Default::default()
+        provider: s.provider.provider(),
     };
+    let fallback = s.provider.provider_fallback;
     let detector_config = DetectorConfig {
         imgsz: s.imgsz,
         max_batch: s.max_batch,
     };
     let factory = move || -> Result<Detector, EngineError> {
-        let backend = OrtBackend::from_bytes(&model_bytes, &session)?;
+        let backend = crate::model::load_backend(&model_bytes, &session, fallback)?;
         Detector::new(Box::new(backend), &detector_config)
     };
     let config = EngineConfig {

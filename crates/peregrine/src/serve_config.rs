@@ -7,7 +7,7 @@ use clap::Args;
 use serde::Deserialize;
 
 /// Every serve setting, as the config file spells it. Missing keys take the defaults.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServeSettings {
     pub host: String,
@@ -34,6 +34,8 @@ pub struct ServeSettings {
     pub shed_on_backlog: bool,
     pub shutdown_timeout_s: u64,
     pub ort_lib: Option<PathBuf>,
+    #[serde(skip)]
+    pub provider: crate::provider_args::ProviderArgs,
 }
 
 impl Default for ServeSettings {
@@ -64,6 +66,7 @@ impl Default for ServeSettings {
             shed_on_backlog: true,
             shutdown_timeout_s: 30,
             ort_lib: None,
+            provider: Default::default(),
         }
     }
 }
@@ -149,6 +152,9 @@ pub struct ServeArgs {
     /// Path of libonnxruntime.so [default: the copy `make setup` fetched].
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_lib: Option<PathBuf>,
+    /// Execution provider (flags and environment only, not the config file).
+    #[command(flatten)]
+    pub provider: crate::provider_args::ProviderArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -159,7 +165,8 @@ fn read_file(path: &Path) -> Result<ServeSettings> {
 
 impl ServeArgs {
     /// Defaults, then the file, then flags and environment.
-    pub fn resolve(self) -> Result<ServeSettings> {
+    pub fn resolve(mut self) -> Result<ServeSettings> {
+        let provider = std::mem::take(&mut self.provider);
         let mut s = match &self.config {
             Some(p) => read_file(p)?,
             None => ServeSettings::default(),
@@ -191,6 +198,7 @@ impl ServeArgs {
             shutdown_timeout_s
         );
         take_opt!(model, model_name, imgsz, ort_lib, spin_wait);
+        s.provider = provider;
         s.validate()?;
         Ok(s)
     }

@@ -249,3 +249,30 @@ fn save_writes_annotated_images_and_table_format_is_readable() {
     assert!(changed > 400, "only {changed} pixels changed along the box edge");
     assert!(dir.path().join("astronaut.png").exists());
 }
+
+#[test]
+fn an_unavailable_provider_is_an_error_unless_fallback_is_asked_for() {
+    // The CPU build of ONNX Runtime has no CUDA provider.
+    let bus = image("bus.jpg");
+    let out = peregrine(&args(&["detect", "--provider", "cuda", &bus]));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("execution provider cuda is not available"),
+        "{stderr}"
+    );
+    let out = peregrine(&args(&[
+        "detect",
+        "--provider",
+        "cuda",
+        "--provider-fallback",
+        &bus,
+    ]));
+    assert!(out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("falling back to the CPU"),
+        "the fallback is logged: {stderr}"
+    );
+    assert!(String::from_utf8(out.stdout).unwrap().contains("\"bus\""));
+}

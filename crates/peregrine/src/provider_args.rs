@@ -1,0 +1,79 @@
+//! Execution-provider flags, shared by every command that loads a model.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use peregrine_backend::{CudaOptions, ExecutionProvider, TensorRtOptions};
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq, Default)]
+pub enum ProviderKind {
+    #[default]
+    Cpu,
+    Cuda,
+    Tensorrt,
+}
+
+#[derive(Debug, Clone, Args, Default)]
+pub struct ProviderArgs {
+    /// Where the model runs. cuda and tensorrt need the GPU build of ONNX Runtime
+    /// (ORT_DYLIB_PATH); a provider that cannot load is an error unless --provider-fallback.
+    #[arg(long, env = "PEREGRINE_PROVIDER", value_enum, default_value = "cpu")]
+    pub provider: ProviderKind,
+    /// Run on the CPU instead when the chosen provider cannot load (logged as a warning).
+    #[arg(long, env = "PEREGRINE_PROVIDER_FALLBACK")]
+    pub provider_fallback: bool,
+    /// GPU to use (cuda, tensorrt).
+    #[arg(long, env = "PEREGRINE_DEVICE_ID", default_value_t = 0)]
+    pub device_id: i32,
+    /// Cap on the CUDA memory arena, in bytes.
+    #[arg(long, env = "PEREGRINE_GPU_MEM_LIMIT")]
+    pub gpu_mem_limit: Option<usize>,
+    /// Benchmark every cuDNN convolution algorithm at the first run (cuda).
+    #[arg(long, env = "PEREGRINE_CUDNN_EXHAUSTIVE")]
+    pub cudnn_exhaustive: bool,
+    /// Prefer NHWC convolution kernels (cuda).
+    #[arg(long, env = "PEREGRINE_PREFER_NHWC")]
+    pub prefer_nhwc: bool,
+    /// Capture runs as CUDA graphs (cuda; fixed input shapes only).
+    #[arg(long, env = "PEREGRINE_CUDA_GRAPH")]
+    pub cuda_graph: bool,
+    /// Build FP16 engines (tensorrt).
+    #[arg(long, env = "PEREGRINE_TRT_FP16")]
+    pub trt_fp16: bool,
+    /// Build INT8 engines (tensorrt); give a calibration table.
+    #[arg(long, env = "PEREGRINE_TRT_INT8")]
+    pub trt_int8: bool,
+    /// INT8 calibration table file (tensorrt).
+    #[arg(long, env = "PEREGRINE_TRT_INT8_CALIBRATION_TABLE")]
+    pub trt_int8_calibration_table: Option<PathBuf>,
+    /// Directory to cache built engines in (tensorrt).
+    #[arg(long, env = "PEREGRINE_TRT_ENGINE_CACHE")]
+    pub trt_engine_cache: Option<PathBuf>,
+    /// Directory for TensorRT's timing cache (tensorrt).
+    #[arg(long, env = "PEREGRINE_TRT_TIMING_CACHE")]
+    pub trt_timing_cache: Option<PathBuf>,
+}
+
+impl ProviderArgs {
+    pub fn provider(&self) -> ExecutionProvider {
+        match self.provider {
+            ProviderKind::Cpu => ExecutionProvider::Cpu,
+            ProviderKind::Cuda => ExecutionProvider::Cuda(CudaOptions {
+                device_id: self.device_id,
+                memory_limit: self.gpu_mem_limit,
+                exhaustive_conv_search: self.cudnn_exhaustive,
+                prefer_nhwc: self.prefer_nhwc,
+                cuda_graph: self.cuda_graph,
+            }),
+            ProviderKind::Tensorrt => ExecutionProvider::TensorRt(TensorRtOptions {
+                device_id: self.device_id,
+                fp16: self.trt_fp16,
+                int8: self.trt_int8,
+                int8_calibration_table: self.trt_int8_calibration_table.clone(),
+                engine_cache: self.trt_engine_cache.clone(),
+                timing_cache: self.trt_timing_cache.clone(),
+                profile: None,
+            }),
+        }
+    }
+}
