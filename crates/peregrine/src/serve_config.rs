@@ -287,6 +287,15 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_example_config_is_valid() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("```toml\n").expect("README has a TOML example") + "```toml\n".len();
+        let end = start + readme[start..].find("```").unwrap();
+        let parsed: ServeSettings = toml::from_str(&readme[start..end]).unwrap();
+        assert_eq!((parsed.port, parsed.max_batch), (8080, 4));
+    }
+
+    #[test]
     fn unknown_keys_in_the_file_are_errors() {
         let err = toml::from_str::<ServeSettings>("prot = 1").unwrap_err();
         assert!(err.to_string().contains("unknown field `prot`"), "{err}");
