@@ -326,10 +326,7 @@ fn deadline_after(
 
 async fn read_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) -> Result<Bytes, ApiError> {
     let limit = config.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+    let declared = declared_length(headers);
     if declared.is_some_and(|n| n > limit) {
         drain_body(body, headers, config).await;
         return Err(ApiError::BodyTooLarge { limit });
@@ -350,11 +347,16 @@ async fn read_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) -
 /// a few times the body limit, for at most two seconds). Closing a connection with unread
 /// data makes the kernel reset it, and the client would see a broken connection instead
 /// of the refusal. Reading bytes costs no decode and no compute.
-async fn drain_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) {
-    let declared = headers
+/// The body length the client declared, if it declared a readable one.
+fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
+async fn drain_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) {
+    let declared = declared_length(headers);
     let cap = config.max_body_bytes.saturating_mul(4).max(64 << 20);
     if declared.is_some_and(|n| n > cap) {
         return;

@@ -41,9 +41,7 @@ fn bench_pipeline(c: &mut Criterion) {
     g.bench_function("detect_bus_jpg", |b| {
         b.iter(|| {
             let (_, t) = detector.detect(&[ImageView::from(&image.rgb)], &params).unwrap();
-            stages.preprocess += t.preprocess;
-            stages.inference += t.inference;
-            stages.postprocess += t.postprocess;
+            stages += t;
             runs += 1;
         })
     });

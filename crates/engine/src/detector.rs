@@ -28,6 +28,14 @@ pub struct StageTimings {
     pub postprocess: Duration,
 }
 
+impl std::ops::AddAssign for StageTimings {
+    fn add_assign(&mut self, other: Self) {
+        self.preprocess += other.preprocess;
+        self.inference += other.inference;
+        self.postprocess += other.postprocess;
+    }
+}
+
 impl StageTimings {
     pub fn total(&self) -> Duration {
         self.preprocess + self.inference + self.postprocess
@@ -114,9 +122,22 @@ impl Detector {
         images: &[ImageView<'_>],
         params: &DetectParams,
     ) -> Result<(Vec<Vec<Detection>>, StageTimings), EngineError> {
+        // The canvases are taken out of `self` while `run_prepared` borrows it mutably, and
+        // put back whatever the outcome, so their allocations survive to the next call.
+        let mut canvases = std::mem::take(&mut self.chunk_canvases);
+        let outcome = self.detect_with(images, params, &mut canvases);
+        self.chunk_canvases = canvases;
+        outcome
+    }
+
+    fn detect_with(
+        &mut self,
+        images: &[ImageView<'_>],
+        params: &DetectParams,
+        canvases: &mut Vec<Vec<u8>>,
+    ) -> Result<(Vec<Vec<Detection>>, StageTimings), EngineError> {
         let mut results = Vec::with_capacity(images.len());
         let mut timings = StageTimings::default();
-        let mut canvases = std::mem::take(&mut self.chunk_canvases);
         for chunk in images.chunks(self.batch_size) {
             let started = Instant::now();
             canvases.resize_with(chunk.len().max(canvases.len()), Vec::new);
@@ -135,21 +156,10 @@ impl Detector {
                     params,
                 })
                 .collect();
-            let outcome = self.run_prepared(&inputs);
-            match outcome {
-                Ok((dets, t)) => {
-                    results.extend(dets);
-                    timings.preprocess += t.preprocess;
-                    timings.inference += t.inference;
-                    timings.postprocess += t.postprocess;
-                }
-                Err(e) => {
-                    self.chunk_canvases = canvases;
-                    return Err(e);
-                }
-            }
+            let (dets, t) = self.run_prepared(&inputs)?;
+            results.extend(dets);
+            timings += t;
         }
-        self.chunk_canvases = canvases;
         Ok((results, timings))
     }
 

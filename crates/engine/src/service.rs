@@ -105,6 +105,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// Returns a canvas to the pool; when the pool is full the buffer is simply freed.
+    fn recycle(&self, canvas: Vec<u8>) {
+        let _ = self.buffers.push(canvas);
+    }
+
     /// How long a request arriving now would wait for its result: the batches queued
     /// ahead of it (counted as full ones) plus those running, shared among the instances.
     /// Nothing queued and nothing running means no wait, whatever past batches cost, so a
@@ -292,7 +297,7 @@ impl Engine {
                 .map_err(|e| RequestError::Inference(format!("the decoder task failed: {e}")))??;
         drop(slot);
         if Instant::now() >= deadline {
-            let _ = self.shared.buffers.push(canvas);
+            self.shared.recycle(canvas);
             return Err(expired("decoding"));
         }
         let (reply, answer) = oneshot::channel();
@@ -359,7 +364,7 @@ async fn run_queue(mut commands: mpsc::Receiver<Command>, policy: BatchPolicy, s
                         model: model.clone(),
                         capacity,
                     }));
-                    let _ = shared.buffers.push(entry.canvas);
+                    shared.recycle(entry.canvas);
                 }
             }
             Some(Command::Idle(instance)) => idle.push(instance),
@@ -404,7 +409,7 @@ async fn run_queue(mut commands: mpsc::Receiver<Command>, policy: BatchPolicy, s
             let _ = entry
                 .reply
                 .send(Err(RequestError::DeadlineExceeded { stage: "queued" }));
-            let _ = shared.buffers.push(entry.canvas);
+            shared.recycle(entry.canvas);
         }
         shared.queued.store(queue.len(), Ordering::Relaxed);
         telemetry::queue_depth(&model, queue.len());
@@ -465,14 +470,14 @@ fn run_instance(
                         detections,
                         timings,
                     }));
-                    let _ = shared.buffers.push(entry.canvas);
+                    shared.recycle(entry.canvas);
                 }
             }
             Err(e) => {
                 tracing::error!(model = %model, error = %e, batch = size, "inference failed");
                 for (entry, _) in batch {
                     let _ = entry.reply.send(Err(RequestError::Inference(e.to_string())));
-                    let _ = shared.buffers.push(entry.canvas);
+                    shared.recycle(entry.canvas);
                 }
             }
         }
