@@ -3,7 +3,7 @@ CARGO ?= cargo
 # Without ARGS: the detection server on port 8080.
 ARGS ?= serve
 
-.PHONY: setup build run test bench bench-serving overload lint fmt
+.PHONY: setup build run test bench bench-serving overload reload-memory lint fmt
 
 setup:
 	@./scripts/setup.sh
@@ -17,6 +17,7 @@ run: build
 	./target/release/peregrine $(ARGS)
 
 test: setup
+	./scripts/setup-test.sh
 	./scripts/test.sh
 
 bench: setup
@@ -29,6 +30,10 @@ bench-serving: build
 # Three times capacity for two minutes: stays up, memory flat, P99 within deadline.
 overload: build
 	./scripts/overload.sh
+
+# Unload and reload a model 100 times: resident memory stays flat.
+reload-memory: build
+	./scripts/reload-memory.sh
 
 lint:
 	$(CARGO) fmt --all --check

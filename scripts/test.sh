@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # The test suite: every crate's unit tests and the integration tests (which start the real
-# binary and server). Ends with one summary line, "N passed, N failed, N skipped".
+# binary and server), then Triton's own clients and perf_analyzer against the real server
+# (tests/triton, with the environment scripts/setup-test.sh prepares). Ends with one
+# summary line, "N passed, N failed, N skipped".
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+pylog="$(mktemp)"
+trap 'rm -f "$log" "$pylog"' EXIT
 cargo test --workspace --locked "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
-awk '/^test result:/ { p += $4; f += $6; s += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$log"
-exit "$status"
+# The client suite runs the debug binary the integration tests just built.
+PEREGRINE_BIN="$root/target/debug/peregrine" .cache/venv/bin/python -m pytest -q -p no:cacheprovider tests/triton 2>&1 | tee "$pylog"
+pystatus=${PIPESTATUS[0]}
+awk -v py="$(tail -n 1 "$pylog")" '
+    /^test result:/ { p += $4; f += $6; s += $8 }
+    END {
+        if (match(py, /[0-9]+ passed/)) p += substr(py, RSTART, RLENGTH) + 0
+        if (match(py, /[0-9]+ failed/)) f += substr(py, RSTART, RLENGTH) + 0
+        if (match(py, /[0-9]+ error/)) f += substr(py, RSTART, RLENGTH) + 0
+        if (match(py, /[0-9]+ skipped/)) s += substr(py, RSTART, RLENGTH) + 0
+        printf "%d passed, %d failed, %d skipped\n", p, f, s
+    }' "$log"
+[ "$status" -eq 0 ] && [ "$pystatus" -eq 0 ]

@@ -18,6 +18,7 @@ use peregrine_engine::{telemetry, AdmissionPermit, Engine, ImageResult};
 use peregrine_types::{DetectParams, ParamsError};
 use tracing::Instrument;
 
+use crate::body::{deadline_after, drain_body, read_body};
 use crate::error::ApiError;
 use crate::wire::{BatchResponse, ClassRef, DetectJson, DetectQuery, ImageJson, SingleResponse};
 use crate::AppState;
@@ -36,6 +37,7 @@ struct Options {
     max_det: Option<usize>,
     classes: Option<Vec<ClassRef>>,
     model: Option<String>,
+    version: Option<u64>,
     timeout_ms: Option<u64>,
 }
 
@@ -57,6 +59,7 @@ impl Options {
             max_det: q.max_det,
             classes,
             model: q.model,
+            version: q.version,
             timeout_ms: q.timeout_ms,
         }
     }
@@ -76,11 +79,12 @@ impl Options {
                     .collect::<Result<Vec<_>, _>>()?,
             ),
         };
+        let defaults = &engine.config().defaults;
         let params = DetectParams {
-            conf: self.conf.unwrap_or(DetectParams::DEFAULT_CONF),
-            iou: self.iou.unwrap_or(DetectParams::DEFAULT_IOU),
-            max_det: self.max_det.unwrap_or(DetectParams::DEFAULT_MAX_DET),
-            classes,
+            conf: self.conf.unwrap_or(defaults.conf),
+            iou: self.iou.unwrap_or(defaults.iou),
+            max_det: self.max_det.unwrap_or(defaults.max_det),
+            classes: classes.or_else(|| defaults.classes.clone()),
         };
         params.validate()?;
         Ok(params)
@@ -124,8 +128,7 @@ pub async fn detect(
             respond(answer, total)
         }
         Err(e) => {
-            let model = state.default_model.clone();
-            telemetry::request_finished(&model, e.outcome(), total);
+            telemetry::request_finished(&state.default_label(), e.outcome(), total);
             let _guard = span.enter();
             tracing::info!(status = e.status().as_u16(), error = %e, "request failed");
             e.into_response()
@@ -208,7 +211,7 @@ async fn handle(
         .map_err(|e| ApiError::BadRequest(format!("bad query string: {}", e.body_text())))
         .and_then(|Query(query)| {
             let options = Options::from_query(query);
-            let engine = state.engine(options.model.as_deref())?.clone();
+            let engine = state.engine(options.model.as_deref(), options.version)?;
             let permit = engine.try_admit()?;
             Ok((options, engine, permit))
         });
@@ -230,9 +233,12 @@ async fn handle(
         multipart_images(&content_type, bytes).await?
     } else if content_type.starts_with("application/json") {
         let (json_options, images) = json_images(&bytes)?;
-        if json_options.model.is_some() && json_options.model != options.model {
-            // The body names another model: admission is that model's to grant.
-            engine = state.engine(json_options.model.as_deref())?.clone();
+        let moved = (json_options.model.is_some() && json_options.model != options.model)
+            || (json_options.version.is_some() && json_options.version != options.version);
+        if moved {
+            // The body names another model or version: admission is that engine's to grant.
+            let model = json_options.model.as_deref().or(options.model.as_deref());
+            engine = state.engine(model, json_options.version.or(options.version))?;
             permit = engine.try_admit()?;
         }
         options = merge(options, json_options);
@@ -255,7 +261,12 @@ async fn handle(
         )));
     }
     let params = options.params(&engine)?;
-    let deadline = started + deadline_after(headers, options.timeout_ms, &state.config)?;
+    let deadline = started
+        + deadline_after(
+            headers,
+            options.timeout_ms.map(Duration::from_millis),
+            &state.config,
+        )?;
     run_all(&engine, &permit, images, params, deadline)
         .await
         .map(|results| Answer { engine, results })
@@ -292,86 +303,6 @@ async fn run_all(
         }
     }
     Ok(results)
-}
-
-/// The request's time budget: `x-request-timeout-ms` header, else the `timeout_ms` option,
-/// else the server default; never more than the server maximum.
-fn deadline_after(
-    headers: &HeaderMap,
-    option_ms: Option<u64>,
-    config: &crate::ApiConfig,
-) -> Result<Duration, ApiError> {
-    let header_ms = match headers.get("x-request-timeout-ms") {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .ok_or_else(|| {
-                    ApiError::BadRequest("x-request-timeout-ms must be a whole number of milliseconds".into())
-                })?,
-        ),
-    };
-    let asked = header_ms
-        .or(option_ms)
-        .map(Duration::from_millis)
-        .unwrap_or(config.default_timeout);
-    if asked.is_zero() {
-        return Err(ApiError::BadRequest(
-            "the request timeout must be at least 1 ms".into(),
-        ));
-    }
-    Ok(asked.min(config.max_timeout))
-}
-
-async fn read_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) -> Result<Bytes, ApiError> {
-    let limit = config.max_body_bytes;
-    let declared = declared_length(headers);
-    if declared.is_some_and(|n| n > limit) {
-        drain_body(body, headers, config).await;
-        return Err(ApiError::BodyTooLarge { limit });
-    }
-    match tokio::time::timeout(config.body_timeout, axum::body::to_bytes(body, limit)).await {
-        Err(_) => Err(ApiError::BodyTimeout {
-            seconds: config.body_timeout.as_secs(),
-        }),
-        Ok(Err(e)) if e.to_string().contains("length limit") => Err(ApiError::BodyTooLarge { limit }),
-        Ok(Err(e)) => Err(ApiError::BadRequest(format!(
-            "could not read the request body: {e}"
-        ))),
-        Ok(Ok(bytes)) => Ok(bytes),
-    }
-}
-
-/// Reads and discards the body of a request refused before its body was needed (at most
-/// a few times the body limit, for at most two seconds). Closing a connection with unread
-/// data makes the kernel reset it, and the client would see a broken connection instead
-/// of the refusal. Reading bytes costs no decode and no compute.
-/// The body length the client declared, if it declared a readable one.
-fn declared_length(headers: &HeaderMap) -> Option<usize> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-}
-
-async fn drain_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) {
-    let declared = declared_length(headers);
-    let cap = config.max_body_bytes.saturating_mul(4).max(64 << 20);
-    if declared.is_some_and(|n| n > cap) {
-        return;
-    }
-    let drain = async {
-        let mut stream = body.into_data_stream();
-        let mut seen = 0usize;
-        while let Some(Ok(chunk)) = futures_util::StreamExt::next(&mut stream).await {
-            seen += chunk.len();
-            if seen > cap {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
 }
 
 /// Every file part of a multipart body, with its file name.
@@ -428,6 +359,7 @@ fn json_images(body: &[u8]) -> Result<(Options, Vec<NamedImage>), ApiError> {
         max_det: req.max_det,
         classes: req.classes,
         model: req.model,
+        version: req.version,
         timeout_ms: req.timeout_ms,
     };
     Ok((options, images))
@@ -441,6 +373,7 @@ fn merge(query: Options, body: Options) -> Options {
         max_det: body.max_det.or(query.max_det),
         classes: body.classes.or(query.classes),
         model: body.model.or(query.model),
+        version: body.version.or(query.version),
         timeout_ms: body.timeout_ms.or(query.timeout_ms),
     }
 }
@@ -448,41 +381,6 @@ fn merge(query: Options, body: Options) -> Options {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn config() -> crate::ApiConfig {
-        crate::ApiConfig {
-            max_body_bytes: 100,
-            default_timeout: Duration::from_secs(10),
-            max_timeout: Duration::from_secs(60),
-            body_timeout: Duration::from_secs(5),
-        }
-    }
-
-    #[test]
-    fn deadline_comes_from_header_then_option_then_default_and_is_capped() {
-        let mut h = HeaderMap::new();
-        assert_eq!(
-            deadline_after(&h, None, &config()).unwrap(),
-            Duration::from_secs(10)
-        );
-        assert_eq!(
-            deadline_after(&h, Some(250), &config()).unwrap(),
-            Duration::from_millis(250)
-        );
-        h.insert("x-request-timeout-ms", HeaderValue::from_static("40"));
-        assert_eq!(
-            deadline_after(&h, Some(250), &config()).unwrap(),
-            Duration::from_millis(40)
-        );
-        h.insert("x-request-timeout-ms", HeaderValue::from_static("999999999"));
-        assert_eq!(
-            deadline_after(&h, None, &config()).unwrap(),
-            Duration::from_secs(60)
-        );
-        h.insert("x-request-timeout-ms", HeaderValue::from_static("soon"));
-        assert!(deadline_after(&h, None, &config()).is_err());
-        assert!(deadline_after(&HeaderMap::new(), Some(0), &config()).is_err());
-    }
 
     #[test]
     fn query_classes_accept_ids_and_names() {

@@ -2,6 +2,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use peregrine_engine::registry::{LookupError, RegistryError, StoreError};
 use peregrine_engine::RequestError;
 use peregrine_types::ParamsError;
 use peregrine_vision::DecodeError;
@@ -28,10 +29,14 @@ pub enum ApiError {
     BodyTimeout { seconds: u64 },
     #[error("unsupported content type {0:?}: send an image (image/jpeg, image/png, image/webp, image/bmp), multipart/form-data or application/json")]
     UnsupportedMediaType(String),
-    #[error("unknown model {name:?}; this server has: {}", .known.join(", "))]
-    UnknownModel { name: String, known: Vec<String> },
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
     #[error("no such route; see /openapi.json")]
     NotFound,
+    #[error("not ready: {0}")]
+    NotReady(String),
 }
 
 impl ApiError {
@@ -43,9 +48,24 @@ impl ApiError {
             RequestError::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             RequestError::BadImage(DecodeError::TooLarge { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
             RequestError::BadImage(DecodeError::UnsupportedFormat(_)) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            RequestError::BadImage(_) => StatusCode::BAD_REQUEST,
+            RequestError::BadImage(_) | RequestError::BadTensor(_) => StatusCode::BAD_REQUEST,
             RequestError::NotReady { .. } | RequestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::Inference(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn registry_status(e: &RegistryError) -> StatusCode {
+        match e {
+            RegistryError::Store(StoreError::InvalidName(_)) => StatusCode::BAD_REQUEST,
+            RegistryError::Store(StoreError::NotFound { .. }) | RegistryError::NotLoaded { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            // The repository's content cannot be served: a broken file or configuration.
+            RegistryError::Store(StoreError::Settings { .. })
+            | RegistryError::NoVersions { .. }
+            | RegistryError::LoadFailed { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            RegistryError::Store(StoreError::Io(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+            RegistryError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -56,7 +76,41 @@ impl ApiError {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::UnknownModel { .. } | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::Lookup(LookupError::NotReady { .. }) | Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Lookup(_) | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::Registry(e) => Self::registry_status(e),
+        }
+    }
+
+    /// The gRPC status code: the one place API errors meet gRPC.
+    pub fn grpc_code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Self::Request(e) | Self::Image { source: e, .. } => match e {
+                RequestError::Overloaded { .. }
+                | RequestError::QueueFull { .. }
+                | RequestError::Backlogged { .. } => Code::ResourceExhausted,
+                RequestError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+                RequestError::BadImage(_) | RequestError::BadTensor(_) => Code::InvalidArgument,
+                RequestError::NotReady { .. } | RequestError::ShuttingDown => Code::Unavailable,
+                RequestError::Inference(_) => Code::Internal,
+            },
+            Self::Params(_) | Self::BadRequest(_) | Self::UnsupportedMediaType(_) => Code::InvalidArgument,
+            Self::BodyTooLarge { .. } => Code::ResourceExhausted,
+            Self::BodyTimeout { .. } => Code::DeadlineExceeded,
+            Self::Lookup(LookupError::NotReady { .. }) | Self::NotReady(_) => Code::Unavailable,
+            Self::Lookup(_) | Self::NotFound => Code::NotFound,
+            Self::Registry(e) => match e {
+                RegistryError::Store(StoreError::InvalidName(_)) => Code::InvalidArgument,
+                RegistryError::Store(StoreError::NotFound { .. }) | RegistryError::NotLoaded { .. } => {
+                    Code::NotFound
+                }
+                RegistryError::Store(StoreError::Settings { .. })
+                | RegistryError::NoVersions { .. }
+                | RegistryError::LoadFailed { .. } => Code::FailedPrecondition,
+                RegistryError::Store(StoreError::Io(_)) => Code::Internal,
+                RegistryError::Stopped => Code::Unavailable,
+            },
         }
     }
 
@@ -70,6 +124,7 @@ impl ApiError {
                 RequestError::DeadlineExceeded { .. } => "deadline_exceeded",
                 RequestError::BadImage(DecodeError::TooLarge { .. }) => "image_too_large",
                 RequestError::BadImage(_) => "bad_image",
+                RequestError::BadTensor(_) => "bad_tensor",
                 RequestError::NotReady { .. } => "not_ready",
                 RequestError::ShuttingDown => "shutting_down",
                 RequestError::Inference(_) => "inference_failed",
@@ -78,8 +133,12 @@ impl ApiError {
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BodyTimeout { .. } => "body_timeout",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
-            Self::UnknownModel { .. } => "unknown_model",
+            Self::Lookup(LookupError::NotReady { .. }) => "not_ready",
+            Self::Lookup(_) => "unknown_model",
+            Self::Registry(RegistryError::LoadFailed { .. }) => "load_failed",
+            Self::Registry(_) => "repository_error",
             Self::NotFound => "not_found",
+            Self::NotReady(_) => "not_ready",
         }
     }
 
@@ -142,15 +201,74 @@ mod tests {
             (ApiError::BodyTooLarge { limit: 1 }, 413),
             (ApiError::UnsupportedMediaType("text/plain".into()), 415),
             (
-                ApiError::UnknownModel {
+                LookupError::UnknownModel {
                     name: "x".into(),
                     known: vec!["y".into()],
-                },
+                }
+                .into(),
                 404,
             ),
+            (
+                LookupError::NotReady {
+                    name: "x".into(),
+                    version: None,
+                    reason: "unloaded".into(),
+                }
+                .into(),
+                503,
+            ),
+            (
+                RegistryError::LoadFailed {
+                    name: "x".into(),
+                    failed: vec![(2, "bad".into())],
+                    serving: vec![1],
+                }
+                .into(),
+                422,
+            ),
+            (RequestError::BadTensor("short".into()).into(), 400),
         ];
         for (e, status) in cases {
             assert_eq!(e.status().as_u16(), status, "{e}");
+        }
+    }
+
+    #[test]
+    fn grpc_codes_follow_the_same_classification() {
+        use tonic::Code;
+        let cases: Vec<(ApiError, Code)> = vec![
+            (
+                RequestError::Overloaded { limit: 1 }.into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                RequestError::DeadlineExceeded { stage: "queued" }.into(),
+                Code::DeadlineExceeded,
+            ),
+            (
+                RequestError::BadImage(DecodeError::Empty).into(),
+                Code::InvalidArgument,
+            ),
+            (
+                LookupError::UnknownModel {
+                    name: "x".into(),
+                    known: vec![],
+                }
+                .into(),
+                Code::NotFound,
+            ),
+            (ApiError::NotReady("loading".into()), Code::Unavailable),
+            (
+                RegistryError::NoVersions {
+                    name: "m".into(),
+                    file: "model.onnx".into(),
+                }
+                .into(),
+                Code::FailedPrecondition,
+            ),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.grpc_code(), code, "{e}");
         }
     }
 

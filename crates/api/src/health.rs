@@ -19,16 +19,21 @@ pub async fn live() -> impl IntoResponse {
 /// begins; 503 otherwise, with which model is not ready.
 pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     let draining = state.draining.load(Ordering::Relaxed);
-    let models: Vec<ModelReady> = state
-        .engines
+    let snapshot = state.registry.snapshot();
+    let models: Vec<ModelReady> = snapshot
+        .models
         .values()
-        .map(|e| ModelReady {
-            name: e.name().to_string(),
-            version: e.version().to_string(),
-            ready: e.is_ready(),
+        .map(|m| {
+            let serving = m.engine(None);
+            ModelReady {
+                name: m.name.clone(),
+                version: serving.as_ref().ok().map(|e| e.version().to_string()),
+                ready: serving.is_ok(),
+                reason: serving.err().map(|e| e.to_string()),
+            }
         })
         .collect();
-    let ready = !draining && models.iter().all(|m| m.ready);
+    let ready = !draining && snapshot.is_ready();
     let status = if ready {
         StatusCode::OK
     } else {

@@ -1,19 +1,26 @@
-//! Peregrine's HTTP API: the only crate that knows JSON.
+//! Peregrine's HTTP and gRPC API: the only crate that knows JSON and protobuf.
 //!
 //! - [`router`] builds the axum `Router` over an [`AppState`] (the engines by model name,
 //!   limits, the metrics handle).
 //! - `detect`: `POST /v1/detect` (raw image body, multipart files, or JSON with base64).
+//! - `kserve`: the KServe v2 / Open Inference Protocol over REST with Triton's extensions
+//!   (binary tensors, configuration, statistics, repository); `grpc`: the same protocol as
+//!   Triton's `GRPCInferenceService`, plus gRPC health, served on its own port.
+//! - `body`: reading bodies under the size and time limits; each request's deadline.
 //! - `health`: liveness, readiness (every engine warmed up, not draining), `/metrics`.
-//! - `error`: [`ApiError`], the single mapping from engine errors to HTTP status codes.
+//! - `error`: [`ApiError`], the single mapping from engine and registry errors to HTTP
+//!   status codes and to gRPC codes.
 //! - `wire`: request and response bodies.
 //! - `openapi.json`: the API description served at `/openapi.json`.
 
+mod body;
 mod detect;
 mod error;
+pub mod grpc;
 mod health;
+mod kserve;
 mod wire;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +28,7 @@ use std::time::Duration;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use peregrine_engine::registry::{LookupError, ModelRegistry};
 use peregrine_engine::{telemetry, Engine};
 
 pub use error::ApiError;
@@ -42,8 +50,10 @@ pub struct ApiConfig {
 /// Everything a handler needs. Cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    pub engines: Arc<BTreeMap<String, Engine>>,
-    pub default_model: String,
+    /// Every model and version being served.
+    pub registry: ModelRegistry,
+    /// The model of requests that name none; `None` picks the only model there is.
+    pub default_model: Option<String>,
     pub config: ApiConfig,
     pub metrics: PrometheusHandle,
     /// Set when shutdown begins: readiness turns false so load balancers move away.
@@ -51,13 +61,37 @@ pub struct AppState {
 }
 
 impl AppState {
-    fn engine(&self, name: Option<&str>) -> Result<&Engine, ApiError> {
-        let name = name.unwrap_or(&self.default_model);
-        self.engines.get(name).ok_or_else(|| ApiError::UnknownModel {
-            name: name.to_string(),
-            known: self.engines.keys().cloned().collect(),
-        })
+    /// The engine for a request: the model it names (else the default), at the version
+    /// it names (else the highest ready one).
+    fn engine(&self, name: Option<&str>, version: Option<u64>) -> Result<Engine, ApiError> {
+        let snapshot = self.registry.snapshot();
+        let name = match name.or(self.default_model.as_deref()) {
+            Some(n) => n.to_string(),
+            None => match snapshot.models.keys().collect::<Vec<_>>().as_slice() {
+                [only] => (*only).clone(),
+                names => {
+                    return Err(ApiError::BadRequest(format!(
+                        "name a model (?model=NAME); this server has: {}",
+                        names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+                    )))
+                }
+            },
+        };
+        match snapshot.engine(&name, version) {
+            Err(LookupError::UnknownModel { .. }) if !snapshot.started => Err(starting()),
+            other => Ok(other?),
+        }
     }
+
+    /// The model name requests without one are counted under, for metrics.
+    fn default_label(&self) -> String {
+        self.default_model.clone().unwrap_or_else(|| "default".into())
+    }
+}
+
+/// The answer for a model not (yet) known while start-up loads are still running.
+fn starting() -> ApiError {
+    ApiError::NotReady("the server is still loading its models".into())
 }
 
 /// Installs the process-wide Prometheus recorder with Peregrine's histogram buckets.
@@ -86,6 +120,7 @@ pub fn router(state: AppState) -> Router {
             "/openapi.json",
             get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         )
+        .merge(kserve::routes())
         .fallback(|| async { ApiError::NotFound })
         .with_state(state)
 }
@@ -104,6 +139,13 @@ mod tests {
             "/health/ready",
             "/metrics",
             "/openapi.json",
+            "/v2",
+            "/v2/health/ready",
+            "/v2/models/{m}/infer",
+            "/v2/models/{m}/config",
+            "/v2/models/{m}/stats",
+            "/v2/repository/index",
+            "/v2/repository/models/{m}/load",
         ] {
             assert!(paths.contains_key(route), "{route} is not documented");
         }

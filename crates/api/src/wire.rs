@@ -14,6 +14,8 @@ pub struct DetectQuery {
     /// Comma-separated class ids or names.
     pub classes: Option<String>,
     pub model: Option<String>,
+    /// A version of the model [default: the highest ready one].
+    pub version: Option<u64>,
     pub timeout_ms: Option<u64>,
 }
 
@@ -38,6 +40,7 @@ pub struct DetectJson {
     pub max_det: Option<usize>,
     pub classes: Option<Vec<ClassRef>>,
     pub model: Option<String>,
+    pub version: Option<u64>,
     pub timeout_ms: Option<u64>,
 }
 
@@ -163,6 +166,10 @@ pub struct ReadyBody {
 #[derive(Debug, Serialize)]
 pub struct ModelReady {
     pub name: String,
-    pub version: String,
+    /// The highest ready version, if any.
+    pub version: Option<String>,
     pub ready: bool,
+    /// Why the model is not ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }

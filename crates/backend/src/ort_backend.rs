@@ -120,6 +120,26 @@ impl OrtBackend {
         Ok(Self { session, description })
     }
 
+    /// Builds a session with the configured provider, falling back to the CPU only when
+    /// `fallback` says so (and saying so in the log).
+    pub fn from_bytes_or_cpu(
+        model: &[u8],
+        config: &SessionConfig,
+        fallback: bool,
+    ) -> Result<Self, BackendError> {
+        match Self::from_bytes(model, config) {
+            Err(BackendError::ProviderUnavailable { provider, reason }) if fallback => {
+                tracing::warn!(%provider, %reason, "execution provider unavailable; falling back to the CPU");
+                let cpu = SessionConfig {
+                    provider: ExecutionProvider::Cpu,
+                    ..config.clone()
+                };
+                Self::from_bytes(model, &cpu)
+            }
+            other => other,
+        }
+    }
+
     /// Builds a session from an ONNX file.
     pub fn from_file(path: &std::path::Path, config: &SessionConfig) -> Result<Self, BackendError> {
         let bytes = std::fs::read(path)

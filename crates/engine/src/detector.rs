@@ -52,6 +52,25 @@ pub struct PreparedInput<'a> {
     pub params: &'a DetectParams,
 }
 
+/// One slot of a batch: a prepared image to detect in, or a caller's own input tensor
+/// whose raw model output is wanted (the tensor interface of the model).
+#[derive(Debug, Clone, Copy)]
+pub enum BatchItem<'a> {
+    Image(PreparedInput<'a>),
+    /// One image's worth of model input, `[3, height, width]` float32 in little-endian
+    /// bytes, already normalised by the caller.
+    Tensor(&'a [u8]),
+}
+
+/// What one slot of a batch produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ItemOutput {
+    /// Detections in original-image pixels, best first.
+    Detections(Vec<Detection>),
+    /// The model's first output for this slot, as it came out (float32, row-major).
+    Tensor(Vec<f32>),
+}
+
 /// One model instance with its reusable buffers.
 pub struct Detector {
     backend: Box<dyn Backend>,
@@ -97,6 +116,11 @@ impl Detector {
 
     pub fn spec(&self) -> &DetectorSpec {
         &self.spec
+    }
+
+    /// The model's tensors and metadata, as the backend reports them.
+    pub fn description(&self) -> &peregrine_backend::ModelDescription {
+        self.backend.description()
     }
 
     /// Most images one model run takes.
@@ -163,14 +187,39 @@ impl Detector {
         Ok((results, timings))
     }
 
-    /// Runs one batch of prepared images (at most [`Detector::batch_size`]): normalise into
-    /// the batch buffer, run the model, postprocess each image with its own parameters.
+    /// Runs one batch of prepared images (at most [`Detector::batch_size`]) and returns
+    /// each image's detections, in order.
     pub fn run_prepared(
         &mut self,
         images: &[PreparedInput<'_>],
     ) -> Result<(Vec<Vec<Detection>>, StageTimings), EngineError> {
+        let items: Vec<BatchItem<'_>> = images.iter().copied().map(BatchItem::Image).collect();
+        let (outputs, timings) = self.run_batch(&items)?;
+        let detections = outputs
+            .into_iter()
+            .map(|o| match o {
+                ItemOutput::Detections(d) => d,
+                ItemOutput::Tensor(_) => unreachable!("image slots yield detections"),
+            })
+            .collect();
+        Ok((detections, timings))
+    }
+
+    /// Floats of one slot's raw model output, and its shape without the batch dimension,
+    /// as of the last batch run.
+    pub fn output_item_shape(&self) -> &[usize] {
+        self.output.shape.get(1..).unwrap_or(&[])
+    }
+
+    /// Runs one batch (at most [`Detector::batch_size`] slots): normalise images and copy
+    /// tensors into the batch buffer, run the model, then postprocess each image with its
+    /// own parameters and hand each tensor slot its raw output.
+    pub fn run_batch(
+        &mut self,
+        items: &[BatchItem<'_>],
+    ) -> Result<(Vec<ItemOutput>, StageTimings), EngineError> {
         let started = Instant::now();
-        let n = images.len();
+        let n = items.len();
         if n == 0 || n > self.batch_size {
             return Err(EngineError::BatchSize {
                 got: n,
@@ -185,14 +234,30 @@ impl Detector {
         let (h, w) = (self.spec.input_height, self.spec.input_width);
         let slot = self.spec.image_len();
         self.input.resize(run_n * slot, 0.0);
-        for (i, img) in images.iter().enumerate() {
-            if img.canvas.len() != slot {
-                return Err(EngineError::CanvasSize {
-                    got: img.canvas.len(),
-                    want: slot,
-                });
+        for (i, item) in items.iter().enumerate() {
+            let dst = &mut self.input[i * slot..(i + 1) * slot];
+            match item {
+                BatchItem::Image(img) => {
+                    if img.canvas.len() != slot {
+                        return Err(EngineError::CanvasSize {
+                            got: img.canvas.len(),
+                            want: slot,
+                        });
+                    }
+                    rgb8_to_planar_f32(img.canvas, dst);
+                }
+                BatchItem::Tensor(bytes) => {
+                    if bytes.len() != slot * 4 {
+                        return Err(EngineError::TensorSize {
+                            got: bytes.len(),
+                            want: slot * 4,
+                        });
+                    }
+                    for (d, s) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                        *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                    }
+                }
             }
-            rgb8_to_planar_f32(img.canvas, &mut self.input[i * slot..(i + 1) * slot]);
         }
         // Unused slots of a fixed-size batch are computed and ignored; zero them so they
         // cost the same every time.
@@ -208,19 +273,29 @@ impl Detector {
         )?;
         let inferred = Instant::now();
 
-        let rows = self.spec.layout.candidates_per_image(&self.output.shape)?;
-        let got = self.output.shape[0];
+        let got = self.output.shape.first().copied().unwrap_or(0);
         if got != run_n {
             return Err(EngineError::BatchMismatch { got, want: run_n });
         }
         let per_image = self.output.data.len() / got.max(1);
+        let wants_detections = items.iter().any(|i| matches!(i, BatchItem::Image(_)));
+        let rows = if wants_detections {
+            self.spec.layout.candidates_per_image(&self.output.shape)?
+        } else {
+            0
+        };
         let mut results = Vec::with_capacity(n);
-        for (i, img) in images.iter().enumerate() {
-            let mut dets = Vec::new();
+        for (i, item) in items.iter().enumerate() {
             let out = &self.output.data[i * per_image..(i + 1) * per_image];
-            self.post
-                .process(self.spec.layout, out, rows, img.params, img.letterbox, &mut dets);
-            results.push(dets);
+            results.push(match item {
+                BatchItem::Image(img) => {
+                    let mut dets = Vec::new();
+                    self.post
+                        .process(self.spec.layout, out, rows, img.params, img.letterbox, &mut dets);
+                    ItemOutput::Detections(dets)
+                }
+                BatchItem::Tensor(_) => ItemOutput::Tensor(out.to_vec()),
+            });
         }
         let done = Instant::now();
         let timings = StageTimings {

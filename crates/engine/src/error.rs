@@ -14,6 +14,10 @@ pub enum EngineError {
     BatchSize { got: usize, max: usize },
     #[error("a prepared image has {got} bytes; the model input needs {want}")]
     CanvasSize { got: usize, want: usize },
+    #[error("an input tensor has {got} bytes; one image of the model input needs {want}")]
+    TensorSize { got: usize, want: usize },
+    #[error("the model did not warm up: {0}")]
+    WarmUp(String),
     #[error("could not start a model thread: {0}")]
     Thread(String),
     #[error("the model returned {got} images' worth of output for a batch of {want}")]

@@ -8,17 +8,29 @@
 //! [`Engine`] serves one model to many concurrent callers: admission (a bounded number of
 //! requests in flight), decoding on a bounded blocking pool, a batch queue owned by one
 //! task whose decisions live in the pure [`queue::BatchQueue`], and model instances on
-//! dedicated OS threads (never on a tokio worker). [`telemetry`] names every metric.
+//! dedicated OS threads (never on a tokio worker). [`telemetry`] names every metric and
+//! [`stats`] keeps Triton-style counters per engine.
+//!
+//! [`registry::ModelRegistry`] holds every model and version being served, loads new
+//! versions beside the serving ones and swaps them in atomically, and unloads them once
+//! their requests are answered.
 
 mod detector;
 mod error;
+#[cfg(test)]
+mod fake;
+mod instance;
 pub mod queue;
+mod queue_task;
+pub mod registry;
 mod request;
 mod service;
+pub mod stats;
 pub mod telemetry;
 
-pub use detector::{Detector, DetectorConfig, PreparedInput, StageTimings};
+pub use detector::{BatchItem, Detector, DetectorConfig, ItemOutput, PreparedInput, StageTimings};
 pub use error::EngineError;
 pub use queue::BatchPolicy;
-pub use request::{ImageResult, RequestError, RequestTimings};
-pub use service::{AdmissionPermit, DetectorFactory, Engine, EngineConfig};
+pub use request::{ImageResult, RequestError, RequestTimings, TensorResult};
+pub use service::{AdmissionPermit, Engine, EngineConfig, WeakEngine};
+pub use stats::StatsSnapshot;

@@ -27,6 +27,14 @@ pub struct ImageResult {
     pub timings: RequestTimings,
 }
 
+/// The model's raw output for one image of a caller's input tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorResult {
+    /// Row-major float32, the model's first output without its batch dimension.
+    pub data: Vec<f32>,
+    pub timings: RequestTimings,
+}
+
 /// Why a request got no detections. The API maps each kind to a status code in one place.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RequestError {
@@ -43,6 +51,8 @@ pub enum RequestError {
     DeadlineExceeded { stage: &'static str },
     #[error("{0}")]
     BadImage(#[from] DecodeError),
+    #[error("bad input tensor: {0}")]
+    BadTensor(String),
     #[error("model {model} is still loading or warming up")]
     NotReady { model: String },
     #[error("the server is shutting down")]
@@ -57,7 +67,7 @@ impl RequestError {
         match self {
             Self::Overloaded { .. } | Self::QueueFull { .. } | Self::Backlogged { .. } => "rejected",
             Self::DeadlineExceeded { .. } => "deadline",
-            Self::BadImage(_) => "bad_input",
+            Self::BadImage(_) | Self::BadTensor(_) => "bad_input",
             Self::NotReady { .. } | Self::ShuttingDown | Self::Inference(_) => "error",
         }
     }

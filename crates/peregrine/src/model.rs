@@ -1,7 +1,7 @@
 //! Loading the detection model: a file given by the user, or the one built into the binary.
 
 use anyhow::{Context, Result};
-use peregrine_backend::{BackendError, ExecutionProvider, OrtBackend, SessionConfig};
+use peregrine_backend::{BackendError, OrtBackend, SessionConfig};
 use peregrine_engine::{Detector, DetectorConfig};
 use peregrine_types::{ClassNames, DetectParams, ParamsError};
 
@@ -19,17 +19,7 @@ pub fn load_backend(
     session: &SessionConfig,
     fallback: bool,
 ) -> Result<OrtBackend, BackendError> {
-    match OrtBackend::from_bytes(model, session) {
-        Err(BackendError::ProviderUnavailable { provider, reason }) if fallback => {
-            tracing::warn!(%provider, %reason, "execution provider unavailable; falling back to the CPU");
-            let cpu = SessionConfig {
-                provider: ExecutionProvider::Cpu,
-                ..session.clone()
-            };
-            OrtBackend::from_bytes(model, &cpu)
-        }
-        other => other,
-    }
+    OrtBackend::from_bytes_or_cpu(model, session, fallback)
 }
 
 /// Loads the model the arguments name into a ready detector.

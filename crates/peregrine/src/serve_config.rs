@@ -12,10 +12,16 @@ use serde::Deserialize;
 pub struct ServeSettings {
     pub host: String,
     pub port: u16,
+    pub grpc_port: u16,
+    pub allow_grpc: bool,
     /// ONNX model file; empty for the embedded YOLO11n.
     pub model: Option<PathBuf>,
     pub model_name: Option<String>,
-    pub model_version: String,
+    pub model_version: u64,
+    pub model_repository: Option<PathBuf>,
+    pub repository_poll_secs: u64,
+    pub load_model: Vec<String>,
+    pub default_model: Option<String>,
     pub imgsz: Option<(usize, usize)>,
     pub instances: usize,
     pub threads: usize,
@@ -43,9 +49,15 @@ impl Default for ServeSettings {
         Self {
             host: "0.0.0.0".into(),
             port: 8080,
+            grpc_port: 8001,
+            allow_grpc: true,
             model: None,
             model_name: None,
-            model_version: "1".into(),
+            model_version: 1,
+            model_repository: None,
+            repository_poll_secs: 0,
+            load_model: Vec::new(),
+            default_model: None,
             imgsz: None,
             instances: 1,
             threads: 0,
@@ -80,18 +92,44 @@ pub struct ServeArgs {
     /// Address to listen on [default: 0.0.0.0].
     #[arg(long, env = "PEREGRINE_HOST")]
     pub host: Option<String>,
-    /// HTTP port [default: 8080].
+    /// HTTP port (REST: /v1 and KServe v2) [default: 8080].
     #[arg(long, env = "PEREGRINE_PORT")]
     pub port: Option<u16>,
-    /// ONNX model file [default: the embedded YOLO11n].
-    #[arg(long, env = "PEREGRINE_MODEL")]
+    /// gRPC port (KServe v2 / Triton's GRPCInferenceService and grpc.health.v1)
+    /// [default: 8001].
+    #[arg(long, env = "PEREGRINE_GRPC_PORT")]
+    pub grpc_port: Option<u16>,
+    /// Serve gRPC at all [default: true].
+    #[arg(long, env = "PEREGRINE_ALLOW_GRPC")]
+    pub allow_grpc: Option<bool>,
+    /// ONNX model file, served alone [default: the embedded YOLO11n]. Not with
+    /// --model-repository.
+    #[arg(long, env = "PEREGRINE_MODEL", conflicts_with = "model_repository")]
     pub model: Option<PathBuf>,
-    /// Name clients use for the model [default: the file's stem, or yolo11n].
+    /// Name clients use for the model of --model [default: the file's stem, or yolo11n].
     #[arg(long, env = "PEREGRINE_MODEL_NAME")]
     pub model_name: Option<String>,
-    /// Version reported with each result [default: 1].
+    /// Version of the model of --model [default: 1].
     #[arg(long, env = "PEREGRINE_MODEL_VERSION")]
-    pub model_version: Option<String>,
+    pub model_version: Option<u64>,
+    /// A Triton-style model repository: DIR/<model>/<version>/model.onnx, each model with
+    /// an optional DIR/<model>/config.toml. Models load, reload and unload through the
+    /// repository API (and by polling, with --repository-poll-secs).
+    #[arg(long, env = "PEREGRINE_MODEL_REPOSITORY")]
+    pub model_repository: Option<PathBuf>,
+    /// Rescan the repository this often, in seconds, loading new and changed versions and
+    /// models and unloading removed ones; 0 loads only at start and on request
+    /// [default: 0].
+    #[arg(long, env = "PEREGRINE_REPOSITORY_POLL_SECS")]
+    pub repository_poll_secs: Option<u64>,
+    /// Load only these repository models at start (repeat, or comma separated); the others
+    /// wait for a load request [default: every model].
+    #[arg(long, env = "PEREGRINE_LOAD_MODEL", value_delimiter = ',')]
+    pub load_model: Option<Vec<String>>,
+    /// Model of /v1/detect requests that name none [default: the only model, when there is
+    /// one].
+    #[arg(long, env = "PEREGRINE_DEFAULT_MODEL")]
+    pub default_model: Option<String>,
     /// Input size HEIGHT[,WIDTH] for models with dynamic input size.
     #[arg(long, env = "PEREGRINE_IMGSZ", value_parser = crate::cli::parse_imgsz)]
     pub imgsz: Option<(usize, usize)>,
@@ -180,6 +218,10 @@ impl ServeArgs {
         take!(
             host,
             port,
+            grpc_port,
+            allow_grpc,
+            repository_poll_secs,
+            load_model,
             model_version,
             instances,
             threads,
@@ -197,7 +239,15 @@ impl ServeArgs {
             shed_on_backlog,
             shutdown_timeout_s
         );
-        take_opt!(model, model_name, imgsz, ort_lib, spin_wait);
+        take_opt!(
+            model,
+            model_name,
+            model_repository,
+            default_model,
+            imgsz,
+            ort_lib,
+            spin_wait
+        );
         s.provider = provider;
         s.validate()?;
         Ok(s)
@@ -227,6 +277,11 @@ impl ServeSettings {
             self.max_request_timeout_ms,
             self.request_timeout_ms
         );
+        anyhow::ensure!(
+            !(self.model.is_some() && self.model_repository.is_some()),
+            "give either model (one file) or model_repository (a directory), not both"
+        );
+        anyhow::ensure!(self.model_version > 0, "model_version must be at least 1");
         if let Some(p) = self
             .preferred_batch_sizes
             .iter()

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 pub struct Server {
     pub child: Child,
     pub base: String,
+    /// `host:port` of the gRPC service.
+    pub grpc: String,
 }
 
 impl Server {
@@ -19,6 +21,8 @@ impl Server {
                 "--host",
                 "127.0.0.1",
                 "--port",
+                "0",
+                "--grpc-port",
                 "0",
                 "--threads",
                 "1",
@@ -38,12 +42,18 @@ impl Server {
                 if let Some(url) = line.strip_prefix("peregrine: listening on ") {
                     let _ = tx.send(url.trim().to_string());
                 }
+                if let Some(addr) = line.strip_prefix("peregrine: gRPC listening on ") {
+                    let _ = tx.send(addr.trim().to_string());
+                }
             }
         });
         let base = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("the server reports its address");
-        Server { child, base }
+        let grpc = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server reports its gRPC address");
+        Server { child, base, grpc }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,0 +1,335 @@
+//! One inference request of the Open Inference Protocol, after HTTP or gRPC has been
+//! peeled off: inputs as raw bytes in, output tensors out. The detection model decodes
+//! each `IMAGE` element and returns padded detection tensors; the tensor model splits
+//! its float input per image and returns the raw outputs stacked again.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use peregrine_engine::{AdmissionPermit, Engine, ImageResult};
+use peregrine_types::DetectParams;
+
+use super::face::{self, Face, Resolved};
+use super::tensor::{element_count, split_bytes_elements, DataType, OutputData};
+use crate::ApiError;
+
+/// Most images in one detection request.
+pub const MAX_IMAGES: usize = 64;
+
+#[derive(Debug, Clone)]
+pub struct InferInput {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+    /// Little-endian, row-major; BYTES elements length-prefixed.
+    pub raw: Bytes,
+}
+
+/// Request parameters Peregrine reads; others are ignored, as the protocol allows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InferParams {
+    pub conf: Option<f32>,
+    pub iou: Option<f32>,
+    pub max_det: Option<usize>,
+    /// Class ids or names, comma separated.
+    pub classes: Option<String>,
+    /// Triton's `timeout` parameter.
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub struct InferRequest {
+    pub id: Option<String>,
+    pub inputs: Vec<InferInput>,
+    /// Outputs asked for by name, in the order wanted; `None` for all.
+    pub outputs: Option<Vec<String>>,
+    pub params: InferParams,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferOutput {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: OutputData,
+}
+
+#[derive(Debug, Clone)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: Option<String>,
+    pub outputs: Vec<InferOutput>,
+}
+
+/// Runs `request` on the face `resolved` names, at `version` or the newest ready one.
+pub async fn infer(
+    resolved: &Resolved<'_>,
+    version: Option<u64>,
+    request: InferRequest,
+    deadline: Instant,
+) -> Result<InferResponse, ApiError> {
+    let engine = resolved.model.engine(version)?.clone();
+    let permit = engine.try_admit()?;
+    let [input] = request.inputs.as_slice() else {
+        return Err(ApiError::BadRequest(format!(
+            "model {:?} takes exactly one input; the request has {}",
+            resolved.name,
+            request.inputs.len()
+        )));
+    };
+    let outputs = match resolved.face {
+        Face::Detection => detect(&engine, &permit, input, &request.params, deadline).await?,
+        Face::Tensor => raw(&engine, &permit, input, deadline).await?,
+    };
+    let outputs = select_outputs(resolved.name, outputs, request.outputs.as_deref())?;
+    Ok(InferResponse {
+        model_name: resolved.name.to_string(),
+        model_version: engine.version().to_string(),
+        id: request.id,
+        outputs,
+    })
+}
+
+/// Keeps the outputs asked for, in the order asked.
+fn select_outputs(
+    model: &str,
+    all: Vec<InferOutput>,
+    wanted: Option<&[String]>,
+) -> Result<Vec<InferOutput>, ApiError> {
+    let Some(wanted) = wanted else { return Ok(all) };
+    wanted
+        .iter()
+        .map(|name| {
+            all.iter().find(|o| &o.name == name).cloned().ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "unexpected inference output {name:?} for model {model:?}; it has: {}",
+                    all.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ")
+                ))
+            })
+        })
+        .collect()
+}
+
+fn check_input(input: &InferInput, name: &str, datatype: DataType) -> Result<(), ApiError> {
+    if input.name != name {
+        return Err(ApiError::BadRequest(format!(
+            "unexpected inference input {:?}; the model's input is {name:?}",
+            input.name
+        )));
+    }
+    if input.datatype != datatype.protocol_name() {
+        return Err(ApiError::BadRequest(format!(
+            "input {name:?} must be {}, not {}",
+            datatype.protocol_name(),
+            input.datatype
+        )));
+    }
+    Ok(())
+}
+
+fn params(engine: &Engine, p: &super::infer::InferParams) -> Result<DetectParams, ApiError> {
+    let defaults = &engine.config().defaults;
+    let classes = match &p.classes {
+        None => defaults.classes.clone(),
+        Some(list) => Some(
+            list.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|c| {
+                    c.parse::<u32>()
+                        .ok()
+                        .or_else(|| engine.spec().names.id_of(c))
+                        .ok_or_else(|| peregrine_types::ParamsError::UnknownClass(c.to_string()))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let params = DetectParams {
+        conf: p.conf.unwrap_or(defaults.conf),
+        iou: p.iou.unwrap_or(defaults.iou),
+        max_det: p.max_det.unwrap_or(defaults.max_det),
+        classes,
+    };
+    params.validate()?;
+    Ok(params)
+}
+
+async fn detect(
+    engine: &Engine,
+    permit: &AdmissionPermit,
+    input: &InferInput,
+    p: &InferParams,
+    deadline: Instant,
+) -> Result<Vec<InferOutput>, ApiError> {
+    check_input(input, face::IMAGE, DataType::Bytes)?;
+    let batch = match input.shape.as_slice() {
+        [n] | [n, 1] if *n >= 1 => *n as usize,
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "input IMAGE has shape {other:?}; send [N] or [N, 1] encoded images"
+            )))
+        }
+    };
+    let images = split_bytes_elements(face::IMAGE, &input.raw)?;
+    if images.len() != batch {
+        return Err(ApiError::BadRequest(format!(
+            "input IMAGE has shape {:?} but holds {} elements",
+            input.shape,
+            images.len()
+        )));
+    }
+    if batch > MAX_IMAGES {
+        return Err(ApiError::BadRequest(format!(
+            "{batch} images in one request; at most {MAX_IMAGES}"
+        )));
+    }
+    let params = params(engine, p)?;
+    let runs = images
+        .into_iter()
+        .map(|image| engine.detect(permit, image, params.clone(), deadline));
+    let mut results = Vec::with_capacity(batch);
+    for (i, outcome) in futures_util::future::join_all(runs).await.into_iter().enumerate() {
+        match outcome {
+            Ok(r) => results.push(r),
+            Err(e) if batch == 1 => return Err(e.into()),
+            Err(e) => {
+                return Err(ApiError::Image {
+                    context: format!("IMAGE element {i}"),
+                    source: e,
+                })
+            }
+        }
+    }
+    Ok(detection_outputs(engine, &results))
+}
+
+/// Detections as padded tensors: `K` is the most detections of any image in the batch;
+/// rows past an image's `NUM_DETECTIONS` are zeros (class -1, empty label).
+fn detection_outputs(engine: &Engine, results: &[ImageResult]) -> Vec<InferOutput> {
+    let n = results.len();
+    let k = results.iter().map(|r| r.detections.len()).max().unwrap_or(0);
+    let names = &engine.spec().names;
+    let mut boxes = vec![0f32; n * k * 4];
+    let mut scores = vec![0f32; n * k];
+    let mut classes = vec![-1i32; n * k];
+    let mut labels = vec![Vec::new(); n * k];
+    for (i, r) in results.iter().enumerate() {
+        for (j, d) in r.detections.iter().enumerate() {
+            let at = i * k + j;
+            boxes[at * 4..at * 4 + 4].copy_from_slice(&[d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2]);
+            scores[at] = d.score;
+            classes[at] = d.class_id as i32;
+            labels[at] = names.name(d.class_id).as_bytes().to_vec();
+        }
+    }
+    let counts = results.iter().map(|r| r.detections.len() as i32).collect();
+    vec![
+        InferOutput {
+            name: face::NUM_DETECTIONS.into(),
+            shape: vec![n, 1],
+            data: OutputData::Int32(counts),
+        },
+        InferOutput {
+            name: face::BOXES.into(),
+            shape: vec![n, k, 4],
+            data: OutputData::Fp32(boxes),
+        },
+        InferOutput {
+            name: face::SCORES.into(),
+            shape: vec![n, k],
+            data: OutputData::Fp32(scores),
+        },
+        InferOutput {
+            name: face::CLASSES.into(),
+            shape: vec![n, k],
+            data: OutputData::Int32(classes),
+        },
+        InferOutput {
+            name: face::LABELS.into(),
+            shape: vec![n, k],
+            data: OutputData::Bytes(labels),
+        },
+    ]
+}
+
+async fn raw(
+    engine: &Engine,
+    permit: &AdmissionPermit,
+    input: &InferInput,
+    deadline: Instant,
+) -> Result<Vec<InferOutput>, ApiError> {
+    let s = engine.spec();
+    check_input(input, &s.input_name, DataType::Fp32)?;
+    let (h, w) = (s.input_height as i64, s.input_width as i64);
+    let max = engine.config().policy.max_batch;
+    let batch = match input.shape.as_slice() {
+        [n, 3, hh, ww] if *hh == h && *ww == w && *n >= 1 => *n as usize,
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "input {:?} has shape {other:?}; this model takes [N, 3, {h}, {w}] with N from 1 to {max}",
+                s.input_name
+            )))
+        }
+    };
+    if batch > max {
+        return Err(ApiError::BadRequest(format!(
+            "a batch of {batch} is over this model's max_batch_size of {max}"
+        )));
+    }
+    let expected = element_count(&input.shape)? * 4;
+    if input.raw.len() != expected {
+        return Err(ApiError::BadRequest(format!(
+            "input {:?} of shape {:?} needs {expected} bytes of FP32 data; got {}",
+            s.input_name,
+            input.shape,
+            input.raw.len()
+        )));
+    }
+    let per_image = expected / batch;
+    let runs = (0..batch).map(|i| {
+        let slice = input.raw.slice(i * per_image..(i + 1) * per_image);
+        engine.infer_tensor(permit, slice, deadline)
+    });
+    let mut data = Vec::new();
+    for outcome in futures_util::future::join_all(runs).await {
+        data.extend_from_slice(&outcome?.data);
+    }
+    let mut shape = vec![batch];
+    shape.extend(engine.output_shape().unwrap_or(&[]).iter().copied());
+    Ok(vec![InferOutput {
+        name: s.output_name.clone(),
+        shape,
+        data: OutputData::Fp32(data),
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(name: &str) -> InferOutput {
+        InferOutput {
+            name: name.into(),
+            shape: vec![1],
+            data: OutputData::Int32(vec![1]),
+        }
+    }
+
+    #[test]
+    fn outputs_are_selected_in_the_order_asked_and_unknown_ones_refused() {
+        let all = vec![out("A"), out("B"), out("C")];
+        let picked = select_outputs("m", all.clone(), Some(&["C".into(), "A".into()])).unwrap();
+        assert_eq!(
+            picked.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(),
+            ["C", "A"]
+        );
+        assert_eq!(select_outputs("m", all.clone(), None).unwrap().len(), 3);
+        let err = select_outputs("m", all, Some(&["D".into()]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "unexpected inference output \"D\" for model \"m\"; it has: A, B, C"
+        );
+    }
+}

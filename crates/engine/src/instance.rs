@@ -1,0 +1,126 @@
+//! One model instance's OS thread: warm up, then run whatever batch the queue task hands
+//! over, until the queue task ends.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use peregrine_types::DetectParams;
+use peregrine_vision::{DetectorSpec, Letterbox};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::detector::{BatchItem, Detector, PreparedInput};
+use crate::queue_task::{Command, ItemTimings, Work};
+use crate::request::RequestError;
+use crate::service::Shared;
+use crate::stats::BatchRun;
+use crate::{telemetry, EngineError};
+
+/// The instance holds only a weak sender, so that it never keeps the queue task alive: once
+/// every `Engine` handle is gone the queue task ends and this thread follows.
+pub(crate) fn run_instance(
+    mut detector: Detector,
+    commands: mpsc::WeakSender<Command>,
+    shared: Arc<Shared>,
+    sizes: Vec<usize>,
+) {
+    let model = shared.config.name.clone();
+    let version = shared.config.version.clone();
+    if let Err(e) = warm_up(&mut detector, &shared.spec, &sizes) {
+        tracing::error!(model = %model, version = %version, error = %e, "warm-up failed; the model will not become ready");
+        shared.instance_failed(format!("warm-up failed: {e}"));
+        return;
+    }
+    let _ = shared.output_shape.set(detector.output_item_shape().to_vec());
+    shared.instance_ready();
+    tracing::info!(model = %model, version = %version, batch_sizes = ?sizes, "model instance warmed up");
+    loop {
+        let (tx, rx) = oneshot::channel();
+        let Some(sender) = commands.upgrade() else { break };
+        let sent = sender.blocking_send(Command::Idle(tx));
+        drop(sender);
+        if sent.is_err() {
+            break;
+        }
+        let Ok(batch) = rx.blocking_recv() else { break };
+        let items: Vec<BatchItem<'_>> = batch
+            .iter()
+            .map(|(e, _)| match &e.work {
+                Work::Image {
+                    canvas,
+                    letterbox,
+                    params,
+                } => BatchItem::Image(PreparedInput {
+                    canvas,
+                    letterbox,
+                    params,
+                }),
+                Work::Tensor(data) => BatchItem::Tensor(data),
+            })
+            .collect();
+        shared.running.fetch_add(1, Ordering::Relaxed);
+        let outcome = detector.run_batch(&items);
+        shared.running.fetch_sub(1, Ordering::Relaxed);
+        drop(items);
+        let size = batch.len();
+        match outcome {
+            Ok((outputs, t)) => {
+                telemetry::batch_ran(&model, size, t.preprocess, t.inference, t.postprocess);
+                shared.record_batch_time(t.total(), size);
+                let decode_total = batch.iter().map(|(e, _)| e.decode).sum();
+                shared.stats.batch(
+                    &BatchRun {
+                        size,
+                        input: t.preprocess,
+                        infer: t.inference,
+                        output: t.postprocess,
+                    },
+                    decode_total,
+                );
+                for ((entry, waited), output) in batch.into_iter().zip(outputs) {
+                    let timings = ItemTimings {
+                        queue: waited,
+                        batch: t.total(),
+                        batch_size: size,
+                    };
+                    let _ = entry.recycle_into(&shared).send(Ok((output, timings)));
+                }
+            }
+            Err(e) => {
+                tracing::error!(model = %model, version = %version, error = %e, batch = size, "inference failed");
+                for (entry, _) in batch {
+                    let _ = entry
+                        .recycle_into(&shared)
+                        .send(Err(RequestError::Inference(e.to_string())));
+                }
+            }
+        }
+    }
+    // The session goes before this thread's claim on the engine, so that once the engine
+    // reads as stopped its model memory has been given back.
+    drop(detector);
+    drop(shared);
+}
+
+/// Runs each batch size once on gray images so the first real request pays no warm-up.
+fn warm_up(detector: &mut Detector, spec: &DetectorSpec, sizes: &[usize]) -> Result<(), EngineError> {
+    let canvas = vec![Letterbox::PAD_VALUE; spec.image_len()];
+    let letterbox = Letterbox::new(
+        spec.input_width,
+        spec.input_height,
+        spec.input_width,
+        spec.input_height,
+    );
+    let params = DetectParams::default();
+    for &n in sizes {
+        let inputs = vec![
+            PreparedInput {
+                canvas: &canvas,
+                letterbox: &letterbox,
+                params: &params,
+            };
+            n
+        ];
+        detector.run_prepared(&inputs)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! How one version's weights become a running [`Engine`]: the registry's only contact
+//! with a runtime, behind a trait so its lifecycle is tested with fake engines.
+
+use peregrine_backend::{OrtBackend, SessionConfig};
+
+use super::settings::ModelSettings;
+use crate::{Detector, DetectorConfig, Engine, EngineConfig, EngineError};
+
+/// Builds engines for the registry.
+pub trait EngineLoader: Send + Sync + 'static {
+    /// Builds every instance of one version and starts its engine (which warms up on its
+    /// own threads). Blocking: the registry calls it on the blocking pool, inside the
+    /// runtime.
+    fn load(
+        &self,
+        name: &str,
+        version: u64,
+        weights: &[u8],
+        settings: &ModelSettings,
+    ) -> Result<Engine, EngineError>;
+}
+
+/// Loads ONNX models with ONNX Runtime.
+#[derive(Debug, Default)]
+pub struct OrtLoader;
+
+/// The engine configuration a model's settings call for.
+pub fn engine_config(name: &str, version: u64, settings: &ModelSettings) -> EngineConfig {
+    EngineConfig {
+        name: name.to_string(),
+        version: version.to_string(),
+        instances: settings.instances,
+        policy: settings.policy.clone(),
+        max_in_flight: settings.max_in_flight,
+        preprocess_threads: settings.preprocess_threads,
+        decode_limits: settings.decode_limits,
+        shed_on_backlog: settings.shed_on_backlog,
+        defaults: settings.defaults.clone(),
+    }
+}
+
+impl EngineLoader for OrtLoader {
+    fn load(
+        &self,
+        name: &str,
+        version: u64,
+        weights: &[u8],
+        settings: &ModelSettings,
+    ) -> Result<Engine, EngineError> {
+        let session = SessionConfig {
+            intra_threads: settings.threads,
+            intra_op_spinning: settings.spin_wait,
+            runtime_path: settings.runtime_path.clone(),
+            provider: settings.provider.clone(),
+        };
+        let detector_config = DetectorConfig {
+            imgsz: settings.imgsz,
+            max_batch: settings.policy.max_batch,
+        };
+        let fallback = settings.provider_fallback;
+        let factory = move || -> Result<Detector, EngineError> {
+            let backend = OrtBackend::from_bytes_or_cpu(weights, &session, fallback)?;
+            Detector::new(Box::new(backend), &detector_config)
+        };
+        Engine::start(engine_config(name, version, settings), factory)
+    }
+}

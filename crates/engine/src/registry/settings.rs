@@ -1,0 +1,371 @@
+//! How a model is served: the server's defaults, overlaid with the model's own
+//! `config.toml` from the repository, validated once into [`ModelSettings`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use peregrine_backend::{CudaOptions, ExecutionProvider, TensorRtOptions};
+use peregrine_types::DetectParams;
+use peregrine_vision::DecodeLimits;
+use serde::Deserialize;
+
+use crate::queue::BatchPolicy;
+
+/// Which of the versions on disk are served.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VersionPolicy {
+    /// The highest `n` version numbers.
+    Latest(usize),
+    /// Every version present.
+    All,
+    /// Exactly these versions (those present).
+    Specific(Vec<u64>),
+}
+
+impl Default for VersionPolicy {
+    fn default() -> Self {
+        Self::Latest(1)
+    }
+}
+
+impl VersionPolicy {
+    /// The versions to serve out of those available (any order), highest first.
+    pub fn select(&self, available: &[u64]) -> Vec<u64> {
+        let mut sorted = available.to_vec();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        sorted.dedup();
+        match self {
+            Self::Latest(n) => sorted.into_iter().take(*n).collect(),
+            Self::All => sorted,
+            Self::Specific(wanted) => sorted.into_iter().filter(|v| wanted.contains(v)).collect(),
+        }
+    }
+}
+
+/// Everything needed to serve one model, besides its weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSettings {
+    /// ONNX Runtime sessions per version, each on its own thread.
+    pub instances: usize,
+    /// ONNX Runtime intra-op threads per session (0: one per core).
+    pub threads: usize,
+    /// Whether idle intra-op threads spin; `None` keeps ONNX Runtime's default.
+    pub spin_wait: Option<bool>,
+    pub policy: BatchPolicy,
+    pub max_in_flight: usize,
+    pub preprocess_threads: usize,
+    pub decode_limits: DecodeLimits,
+    pub shed_on_backlog: bool,
+    /// Input (height, width) for models with a dynamic input size.
+    pub imgsz: Option<(usize, usize)>,
+    /// Thresholds used when a request sets none.
+    pub defaults: DetectParams,
+    pub provider: ExecutionProvider,
+    /// Run on the CPU when `provider` cannot load (logged).
+    pub provider_fallback: bool,
+    /// The ONNX Runtime library; `None` searches the usual places.
+    pub runtime_path: Option<PathBuf>,
+    pub version_policy: VersionPolicy,
+    /// File name of the weights inside each version directory.
+    pub model_file: String,
+    /// Longest a new version may take to load and warm up before it counts as failed.
+    pub load_timeout: Duration,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        Self {
+            instances: 1,
+            threads: 0,
+            spin_wait: None,
+            policy: BatchPolicy {
+                max_batch: 4,
+                max_delay: Duration::ZERO,
+                preferred: Vec::new(),
+                capacity: 64,
+            },
+            max_in_flight: 128,
+            preprocess_threads: 2,
+            decode_limits: DecodeLimits::default(),
+            shed_on_backlog: true,
+            imgsz: None,
+            defaults: DetectParams::default(),
+            provider: ExecutionProvider::Cpu,
+            provider_fallback: false,
+            runtime_path: None,
+            version_policy: VersionPolicy::default(),
+            model_file: "model.onnx".into(),
+            load_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A model's `config.toml`: every key optional, each overriding the server's default.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfigFile {
+    pub instances: Option<usize>,
+    pub threads: Option<usize>,
+    pub spin_wait: Option<bool>,
+    pub max_batch: Option<usize>,
+    pub max_queue_delay_us: Option<u64>,
+    pub preferred_batch_sizes: Option<Vec<usize>>,
+    pub queue_capacity: Option<usize>,
+    pub max_in_flight: Option<usize>,
+    pub imgsz: Option<[usize; 2]>,
+    pub conf: Option<f32>,
+    pub iou: Option<f32>,
+    pub max_det: Option<usize>,
+    pub version_policy: Option<VersionPolicy>,
+    pub model_file: Option<String>,
+    pub load_timeout_s: Option<u64>,
+    pub provider: Option<ProviderFile>,
+}
+
+/// `[provider]` in a model's `config.toml`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProviderFile {
+    /// `cpu`, `cuda` or `tensorrt`.
+    pub kind: String,
+    pub fallback: Option<bool>,
+    pub device_id: i32,
+    pub memory_limit: Option<usize>,
+    pub cudnn_exhaustive: bool,
+    pub prefer_nhwc: bool,
+    pub cuda_graph: bool,
+    pub trt_fp16: bool,
+    pub trt_int8: bool,
+    /// Relative paths are taken from the model's directory.
+    pub trt_int8_calibration_table: Option<PathBuf>,
+    pub trt_engine_cache: Option<PathBuf>,
+    pub trt_timing_cache: Option<PathBuf>,
+}
+
+/// A model's configuration that cannot be used, with what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingsError(pub String);
+
+impl ModelConfigFile {
+    pub fn parse(text: &str) -> Result<Self, SettingsError> {
+        toml::from_str(text).map_err(|e| SettingsError(format!("config.toml: {}", e.message())))
+    }
+}
+
+impl ProviderFile {
+    fn provider(&self, model_dir: &Path) -> Result<ExecutionProvider, SettingsError> {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| model_dir.join(p));
+        Ok(match self.kind.as_str() {
+            "" | "cpu" => ExecutionProvider::Cpu,
+            "cuda" => ExecutionProvider::Cuda(CudaOptions {
+                device_id: self.device_id,
+                memory_limit: self.memory_limit,
+                exhaustive_conv_search: self.cudnn_exhaustive,
+                prefer_nhwc: self.prefer_nhwc,
+                cuda_graph: self.cuda_graph,
+            }),
+            "tensorrt" => ExecutionProvider::TensorRt(TensorRtOptions {
+                device_id: self.device_id,
+                fp16: self.trt_fp16,
+                int8: self.trt_int8,
+                int8_calibration_table: path(&self.trt_int8_calibration_table),
+                engine_cache: path(&self.trt_engine_cache),
+                timing_cache: path(&self.trt_timing_cache),
+                profile: None,
+            }),
+            other => {
+                return Err(SettingsError(format!(
+                    "provider kind {other:?} is not one of cpu, cuda, tensorrt"
+                )))
+            }
+        })
+    }
+}
+
+impl ModelSettings {
+    /// These settings with a model's file laid over them, validated. `model_dir` anchors
+    /// relative paths in the file.
+    pub fn overlay(&self, file: &ModelConfigFile, model_dir: &Path) -> Result<Self, SettingsError> {
+        let mut s = self.clone();
+        macro_rules! take {
+            ($($field:ident),*) => { $( if let Some(v) = file.$field.clone() { s.$field = v; } )* };
+        }
+        take!(instances, threads, max_in_flight, version_policy, model_file);
+        if file.spin_wait.is_some() {
+            s.spin_wait = file.spin_wait;
+        }
+        if let Some(v) = file.max_batch {
+            s.policy.max_batch = v;
+        }
+        if let Some(v) = file.max_queue_delay_us {
+            s.policy.max_delay = Duration::from_micros(v);
+        }
+        if let Some(v) = &file.preferred_batch_sizes {
+            s.policy.preferred = v.clone();
+        }
+        if let Some(v) = file.queue_capacity {
+            s.policy.capacity = v;
+        }
+        if let Some([h, w]) = file.imgsz {
+            s.imgsz = Some((h, w));
+        }
+        if let Some(v) = file.conf {
+            s.defaults.conf = v;
+        }
+        if let Some(v) = file.iou {
+            s.defaults.iou = v;
+        }
+        if let Some(v) = file.max_det {
+            s.defaults.max_det = v;
+        }
+        if let Some(v) = file.load_timeout_s {
+            s.load_timeout = Duration::from_secs(v);
+        }
+        if let Some(p) = &file.provider {
+            s.provider = p.provider(model_dir)?;
+            if let Some(f) = p.fallback {
+                s.provider_fallback = f;
+            }
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// The GPU the model runs on, if its provider is a GPU one.
+    pub fn gpu_device(&self) -> Option<i32> {
+        match &self.provider {
+            ExecutionProvider::Cpu => None,
+            ExecutionProvider::Cuda(o) => Some(o.device_id),
+            ExecutionProvider::TensorRt(o) => Some(o.device_id),
+        }
+    }
+
+    /// Checks every bound; messages name the key and what it must be.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let positive = [
+            ("instances", self.instances),
+            ("max_batch", self.policy.max_batch),
+            ("queue_capacity", self.policy.capacity),
+            ("max_in_flight", self.max_in_flight),
+            ("preprocess_threads", self.preprocess_threads),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(SettingsError(format!("{name} must be at least 1")));
+            }
+        }
+        if let Some(p) = self
+            .policy
+            .preferred
+            .iter()
+            .find(|&&p| p == 0 || p > self.policy.max_batch)
+        {
+            return Err(SettingsError(format!(
+                "preferred batch size {p} is outside 1..={} (max_batch)",
+                self.policy.max_batch
+            )));
+        }
+        if matches!(self.version_policy, VersionPolicy::Latest(0)) {
+            return Err(SettingsError("version_policy latest must be at least 1".into()));
+        }
+        if self.model_file.is_empty() || self.model_file.contains('/') || self.model_file == ".." {
+            return Err(SettingsError(format!(
+                "model_file {:?} must be a plain file name inside the version directory",
+                self.model_file
+            )));
+        }
+        self.defaults
+            .validate()
+            .map_err(|e| SettingsError(format!("default thresholds: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_pick_versions_highest_first() {
+        let on_disk = [3, 1, 10, 2];
+        assert_eq!(VersionPolicy::Latest(1).select(&on_disk), [10]);
+        assert_eq!(VersionPolicy::Latest(2).select(&on_disk), [10, 3]);
+        assert_eq!(VersionPolicy::All.select(&on_disk), [10, 3, 2, 1]);
+        assert_eq!(VersionPolicy::Specific(vec![2, 7]).select(&on_disk), [2]);
+    }
+
+    #[test]
+    fn a_config_file_overrides_defaults_and_is_validated() {
+        let file = ModelConfigFile::parse(
+            r#"
+max_batch = 8
+preferred_batch_sizes = [4, 8]
+max_queue_delay_us = 1500
+instances = 2
+imgsz = [320, 480]
+conf = 0.4
+version_policy = { latest = 2 }
+
+[provider]
+kind = "tensorrt"
+trt_fp16 = true
+trt_engine_cache = "trt-cache"
+"#,
+        )
+        .unwrap();
+        let s = ModelSettings::default()
+            .overlay(&file, Path::new("/repo/m"))
+            .unwrap();
+        assert_eq!(s.policy.max_batch, 8);
+        assert_eq!(s.policy.max_delay, Duration::from_micros(1500));
+        assert_eq!((s.instances, s.imgsz), (2, Some((320, 480))));
+        assert_eq!(s.defaults.conf, 0.4);
+        assert_eq!(s.version_policy, VersionPolicy::Latest(2));
+        match s.provider {
+            ExecutionProvider::TensorRt(o) => {
+                assert!(o.fp16);
+                assert_eq!(o.engine_cache, Some(PathBuf::from("/repo/m/trt-cache")));
+            }
+            other => panic!("{other:?}"),
+        }
+        let all = ModelConfigFile::parse("version_policy = \"all\"").unwrap();
+        assert_eq!(all.version_policy, Some(VersionPolicy::All));
+    }
+
+    #[test]
+    fn the_readme_example_is_a_valid_model_config() {
+        let readme = include_str!("../../../../README.md");
+        let marker = "# DIR/<model>/config.toml";
+        let start = readme.find(marker).expect("README has a model config example");
+        let end = start + readme[start..].find("```").unwrap();
+        let file = ModelConfigFile::parse(&readme[start..end]).unwrap();
+        let s = ModelSettings::default().overlay(&file, Path::new("/repo/m")).unwrap();
+        assert_eq!((s.policy.max_batch, s.instances), (8, 2));
+        assert!(matches!(s.provider, ExecutionProvider::Cuda(_)));
+    }
+
+    #[test]
+    fn bad_config_files_say_what_is_wrong() {
+        let err = ModelConfigFile::parse("max_bach = 8").unwrap_err();
+        assert!(err.0.contains("unknown field `max_bach`"), "{err}");
+        let file = ModelConfigFile::parse("max_batch = 2\npreferred_batch_sizes = [4]").unwrap();
+        let err = ModelSettings::default()
+            .overlay(&file, Path::new("."))
+            .unwrap_err();
+        assert!(err.0.contains("preferred batch size 4 is outside 1..=2"), "{err}");
+        let file = ModelConfigFile::parse("conf = 1.5").unwrap();
+        let err = ModelSettings::default()
+            .overlay(&file, Path::new("."))
+            .unwrap_err();
+        assert!(err.0.contains("conf"), "{err}");
+        let file = ModelConfigFile::parse("[provider]\nkind = \"rocm\"").unwrap();
+        let err = ModelSettings::default()
+            .overlay(&file, Path::new("."))
+            .unwrap_err();
+        assert!(
+            err.0.contains("\"rocm\" is not one of cpu, cuda, tensorrt"),
+            "{err}"
+        );
+    }
+}

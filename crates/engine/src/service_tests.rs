@@ -1,0 +1,289 @@
+//! Engine tests over a fake backend: batching, deadlines, admission, shutdown.
+
+use super::*;
+use crate::fake::{png, SlowBackend};
+use crate::DetectorConfig;
+use std::sync::Mutex;
+
+fn start(
+    delay_ms: u64,
+    max_batch: usize,
+    capacity: usize,
+    in_flight: usize,
+) -> (Engine, Arc<Mutex<Vec<u8>>>) {
+    let computed = Arc::new(Mutex::new(Vec::new()));
+    let c = computed.clone();
+    let factory = move || -> Result<Detector, EngineError> {
+        let backend = SlowBackend::new(Duration::from_millis(delay_ms), c.clone());
+        Detector::new(
+            Box::new(backend),
+            &DetectorConfig {
+                imgsz: None,
+                max_batch,
+            },
+        )
+    };
+    let config = EngineConfig {
+        name: "fake".into(),
+        version: "1".into(),
+        instances: 1,
+        policy: BatchPolicy {
+            max_batch,
+            max_delay: Duration::from_millis(5),
+            preferred: vec![],
+            capacity,
+        },
+        max_in_flight: in_flight,
+        preprocess_threads: 2,
+        decode_limits: DecodeLimits::default(),
+        shed_on_backlog: false,
+        defaults: DetectParams::default(),
+    };
+    (Engine::start(config, factory).unwrap(), computed)
+}
+
+async fn ready(engine: &Engine) {
+    while !engine.is_ready() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_are_batched_and_answered_in_order() {
+    let (engine, computed) = start(50, 4, 16, 16);
+    ready(&engine).await;
+    let tasks: Vec<_> = (1..=4u8)
+        .map(|red| {
+            let e = engine.clone();
+            tokio::spawn(async move {
+                let permit = e.try_admit().unwrap();
+                e.detect(&permit, png(red), DetectParams::default(), far()).await
+            })
+        })
+        .collect();
+    let mut sizes = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let r = t.await.unwrap().unwrap();
+        assert_eq!(
+            r.detections[0].class_id,
+            i as u32 + 1,
+            "each request gets its own image's answer"
+        );
+        assert_eq!((r.width, r.height), (32, 32));
+        sizes.push(r.timings.batch_size);
+    }
+    assert!(
+        sizes.iter().any(|&s| s > 1),
+        "some requests shared a batch: {sizes:?}"
+    );
+    assert_eq!(computed.lock().unwrap().len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_and_abandoned_requests_are_never_computed() {
+    let (engine, computed) = start(150, 1, 16, 16);
+    ready(&engine).await;
+    let busy = {
+        let e = engine.clone();
+        tokio::spawn(async move {
+            let p = e.try_admit().unwrap();
+            e.detect(&p, png(1), DetectParams::default(), far()).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Deadline inside the busy batch: answered 504-style, never computed.
+    let p = engine.try_admit().unwrap();
+    let soon = Instant::now() + Duration::from_millis(40);
+    let err = engine
+        .detect(&p, png(2), DetectParams::default(), soon)
+        .await
+        .unwrap_err();
+    assert_eq!(err, RequestError::DeadlineExceeded { stage: "queued" });
+    // A caller that gives up (its future dropped) is removed before batching.
+    let e = engine.clone();
+    let abandoned = tokio::spawn(async move {
+        let p = e.try_admit().unwrap();
+        e.detect(&p, png(3), DetectParams::default(), far()).await
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    abandoned.abort();
+    busy.await.unwrap().unwrap();
+    // A later request still runs, after the dropped ones were swept.
+    let p = engine.try_admit().unwrap();
+    engine
+        .detect(&p, png(4), DetectParams::default(), far())
+        .await
+        .unwrap();
+    assert_eq!(*computed.lock().unwrap(), [1, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_and_queue_capacity_refuse_at_once() {
+    let (engine, _) = start(200, 1, 1, 2);
+    ready(&engine).await;
+    let a = engine.try_admit().unwrap();
+    let _b = engine.try_admit().unwrap();
+    assert_eq!(
+        engine.try_admit().unwrap_err(),
+        RequestError::Overloaded { limit: 2 }
+    );
+    drop(a);
+    assert_eq!(engine.in_flight(), 1);
+    // One running, one queued, the third finds the queue full.
+    let mut tasks = Vec::new();
+    let (engine2, _) = start(200, 1, 1, 8);
+    ready(&engine2).await;
+    for red in 1..=3u8 {
+        let e = engine2.clone();
+        tasks.push(tokio::spawn(async move {
+            let p = e.try_admit().unwrap();
+            e.detect(&p, png(red), DetectParams::default(), far()).await
+        }));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let outcomes: Vec<_> = join_tasks(tasks).await;
+    assert!(outcomes[0].is_ok() && outcomes[1].is_ok(), "{outcomes:?}");
+    assert!(
+        matches!(outcomes[2], Err(RequestError::QueueFull { capacity: 1, .. })),
+        "{outcomes:?}"
+    );
+}
+
+async fn join_tasks(
+    tasks: Vec<tokio::task::JoinHandle<Result<ImageResult, RequestError>>>,
+) -> Vec<Result<ImageResult, RequestError>> {
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_images_are_refused_before_the_queue() {
+    let (engine, computed) = start(1, 1, 4, 4);
+    ready(&engine).await;
+    let p = engine.try_admit().unwrap();
+    let err = engine
+        .detect(
+            &p,
+            Bytes::from_static(b"not an image"),
+            DetectParams::default(),
+            far(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RequestError::BadImage(_)));
+    assert!(computed.lock().unwrap().is_empty());
+}
+
+/// One image's tensor for the fake model: every value of the red plane is `red / 255`.
+fn tensor(red: u8) -> Bytes {
+    let plane = 32 * 32;
+    let mut values = vec![0f32; 3 * plane];
+    values[..plane].fill(f32::from(red) / 255.0);
+    Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensors_and_images_share_batches_and_get_their_own_outputs() {
+    let (engine, computed) = start(50, 4, 16, 16);
+    ready(&engine).await;
+    let e = engine.clone();
+    let image = tokio::spawn(async move {
+        let p = e.try_admit().unwrap();
+        e.detect(&p, png(7), DetectParams::default(), far()).await
+    });
+    let p = engine.try_admit().unwrap();
+    let raw = engine.infer_tensor(&p, tensor(9), far()).await.unwrap();
+    assert_eq!(
+        raw.data,
+        [1.0, 1.0, 5.0, 5.0, 0.9, 9.0],
+        "the raw row, unprocessed"
+    );
+    let dets = image.await.unwrap().unwrap();
+    assert_eq!(dets.detections[0].class_id, 7);
+    let mut seen = computed.lock().unwrap().clone();
+    seen.sort_unstable();
+    assert_eq!(seen, [7, 9]);
+    let stats = engine.stats();
+    assert_eq!(stats.success.count, 2);
+    assert_eq!(stats.inference_count, 2, "warm-up is not counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tensor_of_the_wrong_size_is_refused_unrun() {
+    let (engine, computed) = start(1, 1, 4, 4);
+    ready(&engine).await;
+    let p = engine.try_admit().unwrap();
+    let err = engine
+        .infer_tensor(&p, Bytes::from_static(&[0; 12]), far())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, RequestError::BadTensor(m) if m.contains("12288 bytes (3x32x32 float32); got 12")),
+        "{err}"
+    );
+    assert!(computed.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_stops_once_its_last_handle_and_request_are_gone() {
+    let (engine, _) = start(100, 1, 4, 4);
+    ready(&engine).await;
+    let weak = engine.downgrade();
+    // A request in flight keeps the engine alive after the owner lets go of it.
+    let e = engine.clone();
+    let pending = tokio::spawn(async move {
+        let p = e.try_admit().unwrap();
+        e.detect(&p, png(5), DetectParams::default(), far()).await
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    drop(engine);
+    let answered = pending.await.unwrap().unwrap();
+    assert_eq!(
+        answered.detections[0].class_id, 5,
+        "the request finished on its engine"
+    );
+    let started = Instant::now();
+    while !weak.is_stopped() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the engine did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_warm_up_is_reported_with_its_reason() {
+    let factory = move || -> Result<Detector, EngineError> {
+        let mut backend = SlowBackend::new(Duration::ZERO, Arc::default());
+        backend.fail = Some("out of memory".into());
+        Detector::new(Box::new(backend), &DetectorConfig::default())
+    };
+    let config = EngineConfig {
+        name: "broken".into(),
+        version: "3".into(),
+        instances: 2,
+        policy: BatchPolicy {
+            max_batch: 1,
+            max_delay: Duration::ZERO,
+            preferred: vec![],
+            capacity: 4,
+        },
+        max_in_flight: 4,
+        preprocess_threads: 1,
+        decode_limits: DecodeLimits::default(),
+        shed_on_backlog: false,
+        defaults: DetectParams::default(),
+    };
+    let engine = Engine::start(config, factory).unwrap();
+    let err = engine.wait_ready().await.unwrap_err();
+    assert!(err.to_string().contains("out of memory"), "{err}");
+    assert!(!engine.is_ready());
+}

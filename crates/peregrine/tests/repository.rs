@@ -1,0 +1,292 @@
+//! The model repository against the real server: hot swaps under load, broken versions,
+//! polling, and memory across load/unload cycles.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::server::{post_image, Server};
+use common::shared_dir;
+use serde_json::{json, Value};
+
+/// A temporary repository whose versions are hard links to the embedded model's file, so
+/// twenty versions cost no disk; a small input size keeps loads and warm-ups quick.
+struct Repo(PathBuf);
+
+impl Repo {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("peregrine-repo-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("det")).unwrap();
+        std::fs::write(
+            dir.join("det/config.toml"),
+            "imgsz = [320, 320]\nmax_batch = 2\nthreads = 1\n",
+        )
+        .unwrap();
+        Self(dir)
+    }
+
+    fn model() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/yolo11n.onnx")
+    }
+
+    fn add_version(&self, v: u64) {
+        let dir = self.0.join("det").join(v.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::hard_link(Self::model(), dir.join("model.onnx")).unwrap();
+    }
+
+    fn add_broken_version(&self, v: u64, bytes: &[u8]) {
+        let dir = self.0.join("det").join(v.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("model.onnx"), bytes).unwrap();
+    }
+
+    fn arg(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for Repo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn bus() -> Vec<u8> {
+    std::fs::read(shared_dir().join("images/bus.jpg")).unwrap()
+}
+
+async fn index(client: &reqwest::Client, server: &Server) -> Vec<Value> {
+    let r = client
+        .post(server.url("/v2/repository/index"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json::<Value>().await.unwrap().as_array().unwrap().clone()
+}
+
+async fn load(client: &reqwest::Client, server: &Server) -> (u16, Value) {
+    let r = client
+        .post(server.url("/v2/repository/models/det/load"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// One request by each protocol; returns the version that served it, or what went wrong.
+async fn detect_once(client: &reqwest::Client, base: &str, kserve: bool) -> Result<u64, String> {
+    let (status, body) = if kserve {
+        let image = base64::engine::general_purpose::STANDARD.encode(bus());
+        let req =
+            json!({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1, 1], "data": [image]}]});
+        let r = client
+            .post(format!("{base}/v2/models/det/infer"))
+            .json(&req)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        (
+            r.status().as_u16(),
+            r.json::<Value>().await.map_err(|e| e.to_string())?,
+        )
+    } else {
+        let r = post_image(client, &format!("{base}/v1/detect?model=det"), bus(), &[]).await;
+        (
+            r.status().as_u16(),
+            r.json::<Value>().await.map_err(|e| e.to_string())?,
+        )
+    };
+    if status != 200 {
+        return Err(format!("{status}: {body}"));
+    }
+    let version = if kserve {
+        &body["model_version"]
+    } else {
+        &body["version"]
+    };
+    version
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no version in {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_version_swaps_under_continuous_load_fail_no_request() {
+    let repo = Repo::new("swap");
+    repo.add_version(1);
+    let server = Server::start(&["--model-repository", &repo.arg(), "--max-in-flight", "64"]);
+    server.wait_ready().await;
+    let client = reqwest::Client::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = [false, true, false]
+        .into_iter()
+        .map(|kserve| {
+            let (client, stop) = (client.clone(), stop.clone());
+            let base = server.base.clone();
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    answers.push(detect_once(&client, &base, kserve).await);
+                }
+                answers
+            })
+        })
+        .collect();
+    for v in 2..=21u64 {
+        repo.add_version(v);
+        let (status, body) = load(&client, &server).await;
+        assert_eq!(status, 200, "load of version {v}: {body}");
+        let listed = index(&client, &server).await;
+        assert_eq!(listed.len(), 1, "only the newest version serves: {listed:?}");
+        assert_eq!(listed[0]["version"], v.to_string());
+        assert_eq!(listed[0]["state"], "READY");
+    }
+    // Let every client see the last version at least once.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut seen = std::collections::BTreeSet::new();
+    for c in clients {
+        let answers = c.await.unwrap();
+        let failures: Vec<&String> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+        assert!(failures.is_empty(), "requests failed during swaps: {failures:?}");
+        let versions: Vec<u64> = answers.into_iter().map(Result::unwrap).collect();
+        assert!(
+            versions.windows(2).all(|w| w[0] <= w[1]),
+            "a client never goes back to an older version: {versions:?}"
+        );
+        assert_eq!(versions.last(), Some(&21));
+        seen.extend(versions);
+    }
+    assert!(
+        seen.len() >= 10,
+        "traffic ran across the swaps, served by versions {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_model_file_does_not_disturb_the_serving_version() {
+    let repo = Repo::new("corrupt");
+    repo.add_version(1);
+    let server = Server::start(&["--model-repository", &repo.arg(), "--repository-poll-secs", "1"]);
+    server.wait_ready().await;
+    let client = reqwest::Client::new();
+    // Garbage, then a real model cut in half: each picked up by polling and refused.
+    repo.add_broken_version(2, b"this is not an ONNX model");
+    wait_for_unavailable(&client, &server, 1).await;
+    let real = std::fs::read(Repo::model()).unwrap();
+    repo.add_broken_version(3, &real[..real.len() / 2]);
+    let listed = wait_for_unavailable(&client, &server, 2).await;
+    assert_eq!(listed[0]["version"], "1");
+    assert_eq!(listed[0]["state"], "READY");
+    for broken in &listed[1..] {
+        let reason = broken["reason"].as_str().unwrap();
+        assert!(reason.starts_with("could not load the model:"), "{reason}");
+    }
+    assert_eq!(detect_once(&client, &server.base, false).await, Ok(1));
+    assert_eq!(detect_once(&client, &server.base, true).await, Ok(1));
+    // Asked for explicitly, the load says why, and still nothing changes.
+    let (status, body) = load(&client, &server).await;
+    assert_eq!(status, 422, "{body}");
+    let message = body["error"].as_str().unwrap();
+    assert!(
+        message.contains("version 3 failed to load") && message.contains("(version 1 still serving)"),
+        "{message}"
+    );
+    assert_eq!(detect_once(&client, &server.base, false).await, Ok(1));
+    // A good file in place of the broken one is picked up by the next poll.
+    std::fs::remove_file(repo.0.join("det/3/model.onnx")).unwrap();
+    repo.add_version(3);
+    let start = Instant::now();
+    while detect_once(&client, &server.base, false).await != Ok(3) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the fixed version never served"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Polls the index until `n` versions are listed as unavailable.
+async fn wait_for_unavailable(client: &reqwest::Client, server: &Server, n: usize) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let listed = index(client, server).await;
+        if listed.iter().filter(|e| e["state"] == "UNAVAILABLE").count() == n {
+            return listed;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "polling never tried the new version: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_load_unload_cycles_keep_memory_flat() {
+    let repo = Repo::new("cycles");
+    repo.add_version(1);
+    std::fs::write(
+        repo.0.join("det/config.toml"),
+        "imgsz = [320, 320]\nmax_batch = 1\nthreads = 1\n",
+    )
+    .unwrap();
+    let server = Server::start(&["--model-repository", &repo.arg()]);
+    server.wait_ready().await;
+    let client = reqwest::Client::new();
+    assert_eq!(detect_once(&client, &server.base, false).await, Ok(1));
+    let start = rss_kib(server.child.id());
+    let mut after = Vec::new();
+    for cycle in 1..=100 {
+        let r = client
+            .post(server.url("/v2/repository/models/det/unload"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(detect_once(&client, &server.base, false)
+            .await
+            .unwrap_err()
+            .starts_with("503"));
+        let (status, body) = load(&client, &server).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(detect_once(&client, &server.base, false).await, Ok(1));
+        if cycle % 10 == 0 {
+            after.push(rss_kib(server.child.id()));
+        }
+    }
+    let end = *after.last().unwrap();
+    let growth = (end as f64 - start as f64) / start as f64;
+    eprintln!(
+        "resident memory: {start} KiB after the first load, then every 10 cycles {after:?} KiB ({:+.1}%)",
+        growth * 100.0
+    );
+    // A leaked session is tens of megabytes a cycle, so any leak of one passes this bound
+    // within a few cycles; the bound itself leaves room for the allocator's own variation
+    // in this debug build (scripts/reload-memory.sh measures the release build, recorded
+    // in docs/benchmarks.md).
+    assert!(
+        growth < 0.15,
+        "resident memory grew {:.1}% over 100 cycles: {after:?}",
+        growth * 100.0
+    );
+}

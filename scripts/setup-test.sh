@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# What the test suite needs beyond the build (run by `make test`, after setup.sh):
+# - a Python virtual environment in .cache/venv with Triton's own clients (tritonclient
+#   HTTP and gRPC), pytest and Pillow, pinned in tests/triton/requirements.txt;
+# - perf_analyzer 2.60.0 (PyPI) in .cache/perf-analyzer, runnable here through a private
+#   newer glibc (scripts/fetch-perf-analyzer.sh).
+# Idempotent: reinstalls the environment only when the requirements change.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+venv=.cache/venv
+requirements=tests/triton/requirements.txt
+stamp="$venv/.requirements.sha256"
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    rm -rf "$venv"
+    if ! python3 -m venv "$venv" 2>/dev/null; then
+        # Debian ships venv (ensurepip) separately from python3.
+        echo "setup-test: installing python3-venv" >&2
+        rm -rf "$venv"
+        sudo_if_needed apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive sudo_if_needed apt-get install -y -qq python3-venv >/dev/null
+        python3 -m venv "$venv"
+    fi
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+    echo "$want" >"$stamp"
+fi
+
+./scripts/fetch-perf-analyzer.sh .cache/perf-analyzer >/dev/null
