@@ -1,50 +1,145 @@
 #!/usr/bin/env bash
 # GPU figures, on the GPU machine, with ONNX Runtime's GPU build active
-# (`source /opt/ort/activate.sh`, see ../shared/gpu/README.md):
+# (`source /opt/ort/activate.sh`, see ../shared/gpu/README.md). The machine has no network
+# and a 64 MiB transfer limit: carry a stripped, xz-compressed release binary, the images,
+# yolo11n-fp16.onnx and perf_analyzer (.cache/perf-analyzer/bin/perf_analyzer, which runs
+# there as is) beside the two halves of ONNX Runtime, then:
 #
-#   scripts/gpu-bench.sh [BIN] [MODELS_DIR] [IMAGES_DIR] [OUT_DIR]
+#   scripts/gpu-bench.sh BIN DATA_DIR OUT_DIR [PERF_ANALYZER]
 #
-# 1. the model alone on the CUDA provider, by batch size, for each of yolo11n (fp32) and
-#    yolo11n-fp16 found in MODELS_DIR;
-# 2. the server end to end over HTTP with real JPEGs (decoding on the machine's cores) at
-#    several concurrencies.
-# Traffic goes to 127.0.0.1 only.
-set -euo pipefail
-bin="${1:-target/release/peregrine}"
-models="${2:-models}"
-images="${3:-../shared/images}"
-out="${4:-target/gpu-bench}"
-port=18100
+# STEPS (environment, default "model parity serve") picks the parts to run.
+# DATA_DIR holds images/ (the shared test photos) and models/ (yolo11n.onnx,
+# yolo11n-fp16.onnx). Writes into OUT_DIR:
+#   results.txt     every figure, step by step (model alone by batch size for fp32 and fp16,
+#                   plain and rewritten graphs; HTTP end to end by concurrency; the open loop
+#                   at 70% of peak; perf_analyzer over HTTP and gRPC)
+#   parity-*.jsonl  detections on the GPU (for comparison with the CPU path where it runs)
+#   log.txt         everything the steps printed
+# Each step has its own time limit, so one that hangs costs only itself. Traffic goes to
+# 127.0.0.1 only.
+set -uo pipefail
+bin="$1"
+data="$2"
+out="$3"
+pa="${4:-}"
 mkdir -p "$out"
-ready() {
-    curl -fs "http://127.0.0.1:$port/health/ready" >/dev/null 2>&1 ||
-        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health/ready', timeout=2)" 2>/dev/null
-}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1 || true
-nproc >"$out/cpus.txt"
-cat "$out/gpu.txt" >&2
-
-for m in yolo11n yolo11n-fp16; do
-    [ -f "$models/$m.onnx" ] || continue
-    echo "== model alone: $m" >&2
-    "$bin" bench-model --provider cuda --model "$models/$m.onnx" --batch 1,8,32,64 --seconds 5 \
-        --output "$out/model-$m.json" "$images"
-done
-
+res="$out/results.txt"
+log="$out/log.txt"
+port=18100
+grpc_port=18101
 cores=$(nproc)
-"$bin" serve --provider cuda --host 127.0.0.1 --port "$port" --max-batch 32 --max-queue-delay-us 2000 \
-    --instances 2 --queue-capacity 1024 --max-in-flight 2048 --preprocess-threads "$cores" \
-    --log-level warn 2>"$out/server.log" &
-server=$!
-trap 'kill "$server" 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-    ready && break
-    sleep 0.5
+note() { echo "== $*" | tee -a "$res" >&2; }
+step() {
+    local limit=$1
+    shift
+    timeout "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    [ $rc -eq 0 ] || note "step failed (rc $rc): $*"
+    return $rc
+}
+json() { [ -f "$1" ] && { cat "$1" >>"$res"; echo >>"$res"; }; }
+
+note "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader), $cores cores, $(date -u +%FT%TZ)"
+jpegs=$(ls "$data"/images/*.jpg)
+steps="${STEPS:-model parity serve}"
+wants() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# 1. The model alone, one session and two side by side, fp32 and fp16, plain and rewritten.
+wants model && for m in yolo11n yolo11n-fp16; do
+    for rw in off on; do
+        for inst in 1 2; do
+            note "model alone: $m, rewrite $rw, $inst instance(s)"
+            step 90 "$bin" bench-model --provider cuda --threads 1 --model "$data/models/$m.onnx" \
+                --graph-rewrite "$rw" --instances "$inst" --batch 1,8,32,64 --seconds 2 \
+                --output "$out/m.json" $jpegs
+            json "$out/m.json"
+        done
+    done
 done
-for c in 16 64 256; do
-    echo "== HTTP end to end, concurrency $c" >&2
-    "$bin" bench --url "http://127.0.0.1:$port" --concurrency "$c" --duration 15 \
-        --output "$out/http-c$c.json" "$images"
+wants model && note "model alone: yolo11n-fp16 rewritten, ordinary (not pinned) input memory"
+wants model && step 60 "$bin" bench-model --provider cuda --threads 1 --model "$data/models/yolo11n-fp16.onnx" \
+    --graph-rewrite on --pinned-input false --batch 32,64 --seconds 2 --output "$out/m.json" $jpegs
+wants model && json "$out/m.json"
+
+# 2. Detections on the GPU, for parity with the CPU path.
+wants parity && for v in "yolo11n on" "yolo11n off" "yolo11n-fp16 on"; do
+    set -- $v
+    timeout 60 "$bin" detect --provider cuda --threads 1 --model "$data/models/$1.onnx" --graph-rewrite "$2" \
+        --batch 8 "$data"/images/* >"$out/parity-$1-$2.jsonl" 2>>"$log" || note "detect $1 $2 failed"
 done
-kill -TERM "$server"
-wait "$server" || true
+
+# 3. The server end to end: real JPEGs decoded on the machine's cores. One ONNX Runtime
+# session per padded batch size, so that no session's input shape changes between runs
+# (CUDA re-prepares its convolutions on every change: seconds per batch when sizes vary).
+serve() {
+    local model=$1 max=$2 sizes=$3
+    "$bin" serve --provider cuda --threads 1 --prefer-nhwc --model "$data/models/$model.onnx" --host 127.0.0.1 \
+        --port "$port" --grpc-port "$grpc_port" --instances 2 --max-batch "$max" \
+        --padded-batch-sizes "$sizes" --session-per-batch-size true --max-queue-delay-us 2000 \
+        --queue-capacity 4096 --max-in-flight 8192 --preprocess-threads "$cores" --log-level warn 2>>"$log" &
+    server=$!
+    for _ in $(seq 1 240); do
+        curl -fs "http://127.0.0.1:$port/health/ready" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    note "server for $model not ready"
+    return 1
+}
+stop() { kill -TERM "$server" 2>/dev/null; wait "$server" 2>/dev/null; }
+peak_of() { python3 -c "import json,sys;print(max(json.load(open(f))['throughput_rps'] for f in sys.argv[1:]))" "$@"; }
+sweep() {
+    local label=$1
+    shift
+    runs=()
+    for c in "$@"; do
+        note "HTTP end to end: $label, concurrency $c"
+        step 40 "$bin" bench --url "http://127.0.0.1:$port" --concurrency "$c" --duration 8 \
+            --output "$out/h$c.json" $jpegs && runs+=("$out/h$c.json")
+        json "$out/h$c.json"
+    done
+    if [ ${#runs[@]} -gt 0 ]; then
+        peak=$(peak_of "${runs[@]}")
+        rate=$(python3 -c "print(round(0.7*$peak, 1))")
+        note "open loop at 70% of the peak $peak req/s: $rate req/s for 15 s ($label)"
+        step 40 "$bin" bench --url "http://127.0.0.1:$port" --rate "$rate" --duration 15 \
+            --output "$out/open.json" $jpegs
+        json "$out/open.json"
+    fi
+}
+
+if wants serve && serve yolo11n 64 1,4,16,64; then
+    sweep "yolo11n rewritten, batches up to 64" 16 32 64 128 256 512
+    if [ -n "$pa" ]; then
+        for proto in http grpc; do
+            url="127.0.0.1:$port"
+            [ $proto = grpc ] && url="127.0.0.1:$grpc_port"
+            note "perf_analyzer, default settings, $proto, yolo11n_tensor"
+            timeout 90 "$pa" -m yolo11n_tensor -u "$url" -i $proto >>"$res" 2>&1 || note "perf_analyzer rc $?"
+        done
+        python3 - "$data/images/bus.jpg" "$out/pa-input.json" <<'PY'
+import base64, json, struct, sys
+jpeg = open(sys.argv[1], "rb").read()
+tensor = struct.pack("<I", len(jpeg)) + jpeg
+json.dump({"data": [{"IMAGE": {"b64": base64.b64encode(tensor).decode()}}]}, open(sys.argv[2], "w"))
+PY
+        for proto in http grpc; do
+            url="127.0.0.1:$port"
+            [ $proto = grpc ] && url="127.0.0.1:$grpc_port"
+            note "perf_analyzer, $proto, detection model with a JPEG (bus.jpg), concurrency 64"
+            timeout 90 "$pa" -m yolo11n -u "$url" -i $proto --input-data "$out/pa-input.json" \
+                --shape IMAGE:1 --concurrency-range 64 >>"$res" 2>&1 || note "perf_analyzer rc $?"
+        done
+        note "peregrine bench, the same request (bus.jpg), concurrency 64"
+        step 30 "$bin" bench --url "http://127.0.0.1:$port" --concurrency 64 --duration 8 \
+            --output "$out/b.json" "$data/images/bus.jpg"
+        json "$out/b.json"
+        rm -f "$out/pa-input.json"
+    fi
+    stop
+fi
+if wants serve && serve yolo11n 32 1,4,16,32; then
+    sweep "yolo11n rewritten, batches up to 32" 64 128 256
+    stop
+fi
+rm -f "$out"/m.json "$out"/h*.json "$out"/open.json "$out"/b.json
+note "done $(date -u +%FT%TZ)"

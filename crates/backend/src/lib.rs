@@ -8,16 +8,18 @@
 mod error;
 mod ort_backend;
 pub mod runtime;
+mod staging;
 
 pub use error::BackendError;
 pub use ort_backend::{CudaOptions, ExecutionProvider, OrtBackend, SessionConfig, TensorRtOptions};
 pub use peregrine_types::ModelDescription;
 
-/// One batch of model input: a dense float32 tensor.
-#[derive(Debug, Clone, Copy)]
-pub struct InputBatch<'a> {
-    pub shape: [usize; 4],
-    pub data: &'a [f32],
+/// Where the next batch's input is written, in the model's input element type: float32
+/// `[N, 3, H, W]`, or uint8 `[N, H, W, 3]` for a rewritten graph.
+#[derive(Debug)]
+pub enum InputBuffer<'a> {
+    F32(&'a mut [f32]),
+    U8(&'a mut [u8]),
 }
 
 /// The model's detection output, copied into a buffer the caller owns and reuses.
@@ -29,12 +31,75 @@ pub struct OutputBuffer {
 
 /// A loaded model that runs batches, one at a time, on the calling thread.
 ///
+/// The backend owns its input buffer, so that a GPU backend can hand out page-locked
+/// memory the device reads directly: the caller writes a batch into
+/// [`Backend::input`], then calls [`Backend::run`].
+///
 /// Implementations are `Send` so the engine can move them onto a dedicated thread; they
 /// need not be `Sync`, as one instance never runs two batches at once.
 pub trait Backend: Send {
     /// The model's tensors and metadata.
     fn description(&self) -> &ModelDescription;
 
-    /// Runs `input` and writes the first output into `output`, reusing its allocation.
-    fn run(&mut self, input: InputBatch<'_>, output: &mut OutputBuffer) -> Result<(), BackendError>;
+    /// The buffer for a batch of `shape` (`shape`'s product elements), to be filled before
+    /// the next [`Backend::run`]. Its contents are unspecified until written.
+    fn input(&mut self, shape: [usize; 4]) -> Result<InputBuffer<'_>, BackendError>;
+
+    /// Runs the batch last written into [`Backend::input`] (of the same `shape`) and writes
+    /// the first output into `output`, reusing its allocation.
+    fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError>;
+}
+
+/// Several sessions of one model, each run at one batch size only.
+///
+/// ONNX Runtime's CUDA convolutions prepare their kernels for the input shape of the last
+/// run; a session whose batch size changes from run to run prepares them again every time,
+/// which measured on an H200 made batches of 8 to 16 images take 1 to 2 s instead of a few
+/// milliseconds. With the engine padding batches to a few sizes and one session per size,
+/// every session always sees the same shape.
+pub struct PerBatchSize {
+    /// Ascending by batch size.
+    sessions: Vec<(usize, Box<dyn Backend>)>,
+}
+
+impl PerBatchSize {
+    /// `sessions` pairs each batch size with the backend that runs it; they must describe
+    /// the same model.
+    pub fn new(mut sessions: Vec<(usize, Box<dyn Backend>)>) -> Result<Self, BackendError> {
+        if sessions.is_empty() {
+            return Err(BackendError::ModelLoad(
+                "no batch sizes to build sessions for".into(),
+            ));
+        }
+        sessions.sort_by_key(|(n, _)| *n);
+        Ok(Self { sessions })
+    }
+
+    fn session(&mut self, shape: [usize; 4]) -> Result<&mut Box<dyn Backend>, BackendError> {
+        let sizes: Vec<usize> = self.sessions.iter().map(|(n, _)| *n).collect();
+        self.sessions
+            .iter_mut()
+            .find(|(n, _)| *n == shape[0])
+            .map(|(_, b)| b)
+            .ok_or_else(|| {
+                BackendError::Inference(format!(
+                    "no session runs batches of {}; the sessions run {sizes:?}",
+                    shape[0]
+                ))
+            })
+    }
+}
+
+impl Backend for PerBatchSize {
+    fn description(&self) -> &ModelDescription {
+        self.sessions[0].1.description()
+    }
+
+    fn input(&mut self, shape: [usize; 4]) -> Result<InputBuffer<'_>, BackendError> {
+        self.session(shape)?.input(shape)
+    }
+
+    fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
+        self.session(shape)?.run(shape, output)
+    }
 }

@@ -5,11 +5,12 @@ use std::path::PathBuf;
 
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
-use ort::value::{TensorElementType, TensorRef, ValueType};
+use ort::value::{TensorElementType, ValueType};
 use peregrine_types::model::ElementType;
 use peregrine_types::{Dim, ModelDescription, TensorDescription};
 
-use crate::{runtime, Backend, BackendError, InputBatch, OutputBuffer};
+use crate::staging::{Element, Staging};
+use crate::{runtime, Backend, BackendError, InputBuffer, OutputBuffer};
 
 /// Where the model's graph runs.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -73,11 +74,15 @@ pub struct SessionConfig {
     pub provider: ExecutionProvider,
     /// The ONNX Runtime library to load; `None` searches the usual places.
     pub runtime_path: Option<PathBuf>,
+    /// On a GPU provider, write inputs into page-locked host memory, which the device
+    /// copies by DMA; ignored on the CPU.
+    pub pinned_input: bool,
 }
 
 pub struct OrtBackend {
     session: Session,
     description: ModelDescription,
+    staging: Staging,
 }
 
 impl std::fmt::Debug for OrtBackend {
@@ -117,7 +122,32 @@ impl OrtBackend {
         }
         let session = builder.commit_from_memory(model).map_err(load_err)?;
         let description = describe(&session)?;
-        Ok(Self { session, description })
+        let element = match description.inputs.first().map(|i| &i.element) {
+            Some(ElementType::U8) => Element::U8,
+            _ => Element::F32,
+        };
+        let device = match &config.provider {
+            ExecutionProvider::Cpu => None,
+            ExecutionProvider::Cuda(o) => Some(o.device_id),
+            ExecutionProvider::TensorRt(o) => Some(o.device_id),
+        };
+        let staging = match device.filter(|_| config.pinned_input) {
+            None => Staging::host(element),
+            Some(device) => Staging::pinned(&session, element, device).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "no pinned host memory; inputs are copied from ordinary memory");
+                Staging::host(element)
+            }),
+        };
+        Ok(Self {
+            session,
+            description,
+            staging,
+        })
+    }
+
+    /// Whether inputs go through page-locked memory.
+    pub fn pinned_input(&self) -> bool {
+        self.staging.is_pinned()
     }
 
     /// Builds a session with the configured provider, falling back to the CPU only when
@@ -160,9 +190,13 @@ fn provider_dispatch(provider: &ExecutionProvider) -> Option<ort::ep::ExecutionP
             if let Some(limit) = o.memory_limit {
                 cuda = cuda.with_memory_limit(limit);
             }
-            if o.exhaustive_conv_search {
-                cuda = cuda.with_conv_algorithm_search(ep::cuda::ConvAlgorithmSearch::Exhaustive);
-            }
+            // ONNX Runtime's own default is the exhaustive search, which benchmarks every
+            // convolution algorithm for every new input shape; it is opt-in here.
+            cuda = cuda.with_conv_algorithm_search(if o.exhaustive_conv_search {
+                ep::cuda::ConvAlgorithmSearch::Exhaustive
+            } else {
+                ep::cuda::ConvAlgorithmSearch::Heuristic
+            });
             Some(cuda.build())
         }
         ExecutionProvider::TensorRt(o) => {
@@ -251,19 +285,12 @@ impl Backend for OrtBackend {
         &self.description
     }
 
-    fn run(&mut self, input: InputBatch<'_>, output: &mut OutputBuffer) -> Result<(), BackendError> {
-        if input.shape.iter().product::<usize>() != input.data.len() {
-            return Err(BackendError::InputSize {
-                shape: input.shape,
-                len: input.data.len(),
-            });
-        }
-        let tensor = TensorRef::from_array_view((input.shape, input.data))
-            .map_err(|e| BackendError::Inference(e.to_string()))?;
-        let outputs = self
-            .session
-            .run(ort::inputs![tensor])
-            .map_err(|e| BackendError::Inference(e.to_string()))?;
+    fn input(&mut self, shape: [usize; 4]) -> Result<InputBuffer<'_>, BackendError> {
+        self.staging.buffer(shape.iter().product())
+    }
+
+    fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
+        let outputs = self.staging.run(&mut self.session, shape)?;
         let output_value = &outputs[0];
         output.shape.clear();
         output.data.clear();

@@ -2,10 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use peregrine_backend::{Backend, InputBatch, OutputBuffer};
+use peregrine_backend::{Backend, InputBuffer, OutputBuffer};
 use peregrine_types::{DetectParams, Detection};
 use peregrine_vision::normalize::rgb8_to_planar_f32;
-use peregrine_vision::{DetectorSpec, ImageView, Letterbox, LetterboxCanvas, Postprocessor};
+use peregrine_vision::{DetectorSpec, ImageView, InputForm, Letterbox, LetterboxCanvas, Postprocessor};
 
 use crate::EngineError;
 
@@ -18,6 +18,10 @@ pub struct DetectorConfig {
     /// Most images per model run; 0 means 1. A model with a fixed batch dimension runs at
     /// exactly that size.
     pub max_batch: usize,
+    /// Batch sizes the model is run at: a smaller batch is padded up to the next of them
+    /// (and `max_batch` is always one). Few distinct shapes mean few warm-up runs and few
+    /// per-shape kernel searches on a GPU. Empty runs every batch at its own size.
+    pub run_sizes: Vec<usize>,
 }
 
 /// Where the time of one [`Detector::detect`] call went.
@@ -57,8 +61,9 @@ pub struct PreparedInput<'a> {
 #[derive(Debug, Clone, Copy)]
 pub enum BatchItem<'a> {
     Image(PreparedInput<'a>),
-    /// One image's worth of model input, `[3, height, width]` float32 in little-endian
-    /// bytes, already normalised by the caller.
+    /// One image's worth of model input as the model takes it, in little-endian bytes:
+    /// `[3, height, width]` float32 already normalised by the caller, or `[height, width,
+    /// 3]` uint8 for a rewritten graph.
     Tensor(&'a [u8]),
 }
 
@@ -76,11 +81,11 @@ pub struct Detector {
     backend: Box<dyn Backend>,
     spec: DetectorSpec,
     batch_size: usize,
-    pad_to_fixed_batch: bool,
+    /// Ascending; the last is `batch_size`.
+    run_sizes: Vec<usize>,
     canvas: LetterboxCanvas,
     /// Letterboxed images of the current [`Detector::detect`] chunk.
     chunk_canvases: Vec<Vec<u8>>,
-    input: Vec<f32>,
     output: OutputBuffer,
     post: Postprocessor,
 }
@@ -94,21 +99,39 @@ impl std::fmt::Debug for Detector {
     }
 }
 
+/// The batch sizes a model with a dynamic batch dimension runs at under `config`:
+/// ascending, ending with the largest.
+pub fn run_sizes(config: &DetectorConfig) -> Vec<usize> {
+    let max = config.max_batch.max(1);
+    let mut sizes: Vec<usize> = config
+        .run_sizes
+        .iter()
+        .copied()
+        .filter(|&s| s >= 1 && s < max)
+        .collect();
+    if sizes.is_empty() {
+        return (1..=max).collect();
+    }
+    sizes.push(max);
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
 impl Detector {
     pub fn new(backend: Box<dyn Backend>, config: &DetectorConfig) -> Result<Self, EngineError> {
         let spec = DetectorSpec::from_model(backend.description(), config.imgsz)?;
-        let (batch_size, pad_to_fixed_batch) = match spec.fixed_batch {
-            Some(n) => (n.max(1), true),
-            None => (config.max_batch.max(1), false),
+        let (batch_size, run_sizes) = match spec.fixed_batch {
+            Some(n) => (n.max(1), vec![n.max(1)]),
+            None => (config.max_batch.max(1), run_sizes(config)),
         };
         Ok(Self {
             backend,
             spec,
             batch_size,
-            pad_to_fixed_batch,
+            run_sizes,
             canvas: LetterboxCanvas::new(),
             chunk_canvases: Vec::new(),
-            input: Vec::new(),
             output: OutputBuffer::default(),
             post: Postprocessor::new(),
         })
@@ -121,6 +144,25 @@ impl Detector {
     /// The model's tensors and metadata, as the backend reports them.
     pub fn description(&self) -> &peregrine_backend::ModelDescription {
         self.backend.description()
+    }
+
+    /// The batch size a batch of `n` images runs at: the smallest run size that holds it.
+    pub fn run_size(&self, n: usize) -> usize {
+        self.run_sizes
+            .iter()
+            .copied()
+            .find(|&s| s >= n)
+            .unwrap_or(self.batch_size)
+    }
+
+    /// Every batch size the model runs at, up to `max`, for warm-up.
+    pub fn run_sizes(&self, max: usize) -> Vec<usize> {
+        let mut sizes: Vec<usize> = self.run_sizes.iter().copied().filter(|&s| s <= max).collect();
+        let top = self.run_size(max);
+        if !sizes.contains(&top) {
+            sizes.push(top);
+        }
+        sizes
     }
 
     /// Most images one model run takes.
@@ -226,51 +268,62 @@ impl Detector {
                 max: self.batch_size,
             });
         }
-        let run_n = if self.pad_to_fixed_batch {
-            self.batch_size
-        } else {
-            n
-        };
+        let run_n = self.run_size(n);
         let (h, w) = (self.spec.input_height, self.spec.input_width);
         let slot = self.spec.image_len();
-        self.input.resize(run_n * slot, 0.0);
-        for (i, item) in items.iter().enumerate() {
-            let dst = &mut self.input[i * slot..(i + 1) * slot];
+        let shape = match self.spec.input_form {
+            InputForm::PlanarF32 => [run_n, 3, h, w],
+            InputForm::InterleavedU8 => [run_n, h, w, 3],
+        };
+        let tensor_bytes = slot * self.spec.input_form.element_size();
+        for item in items {
             match item {
-                BatchItem::Image(img) => {
-                    if img.canvas.len() != slot {
-                        return Err(EngineError::CanvasSize {
-                            got: img.canvas.len(),
-                            want: slot,
-                        });
-                    }
-                    rgb8_to_planar_f32(img.canvas, dst);
+                BatchItem::Image(img) if img.canvas.len() != slot => {
+                    return Err(EngineError::CanvasSize {
+                        got: img.canvas.len(),
+                        want: slot,
+                    })
                 }
-                BatchItem::Tensor(bytes) => {
-                    if bytes.len() != slot * 4 {
-                        return Err(EngineError::TensorSize {
-                            got: bytes.len(),
-                            want: slot * 4,
-                        });
-                    }
-                    for (d, s) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
-                        *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-                    }
+                BatchItem::Tensor(bytes) if bytes.len() != tensor_bytes => {
+                    return Err(EngineError::TensorSize {
+                        got: bytes.len(),
+                        want: tensor_bytes,
+                    })
                 }
+                _ => {}
             }
         }
-        // Unused slots of a fixed-size batch are computed and ignored; zero them so they
-        // cost the same every time.
-        self.input[n * slot..].fill(0.0);
+        match self.backend.input(shape)? {
+            InputBuffer::F32(input) => {
+                for (item, dst) in items.iter().zip(input.chunks_exact_mut(slot)) {
+                    match item {
+                        BatchItem::Image(img) => rgb8_to_planar_f32(img.canvas, dst),
+                        BatchItem::Tensor(bytes) => {
+                            for (d, s) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                            }
+                        }
+                    }
+                }
+                // Unused slots of a fixed-size batch are computed and ignored; zero them so
+                // they cost the same every time.
+                input[n * slot..].fill(0.0);
+            }
+            InputBuffer::U8(input) => {
+                // A rewritten graph takes the canvases as they are: one copy each, straight
+                // into the memory the runtime reads.
+                for (item, dst) in items.iter().zip(input.chunks_exact_mut(slot)) {
+                    match item {
+                        BatchItem::Image(img) => dst.copy_from_slice(img.canvas),
+                        BatchItem::Tensor(bytes) => dst.copy_from_slice(bytes),
+                    }
+                }
+                input[n * slot..].fill(0);
+            }
+        }
         let preprocessed = Instant::now();
 
-        self.backend.run(
-            InputBatch {
-                shape: [run_n, 3, h, w],
-                data: &self.input,
-            },
-            &mut self.output,
-        )?;
+        self.backend.run(shape, &mut self.output)?;
         let inferred = Instant::now();
 
         let got = self.output.shape.first().copied().unwrap_or(0);
@@ -319,6 +372,7 @@ mod tests {
     struct FakeBackend {
         description: ModelDescription,
         seen: Arc<Mutex<Vec<[usize; 4]>>>,
+        input: Vec<f32>,
     }
 
     impl FakeBackend {
@@ -341,6 +395,7 @@ mod tests {
                 Self {
                     description,
                     seen: seen.clone(),
+                    input: Vec::new(),
                 },
                 seen,
             )
@@ -352,14 +407,19 @@ mod tests {
             &self.description
         }
 
-        fn run(&mut self, input: InputBatch<'_>, output: &mut OutputBuffer) -> Result<(), BackendError> {
-            self.seen.lock().unwrap().push(input.shape);
-            let n = input.shape[0];
+        fn input(&mut self, shape: [usize; 4]) -> Result<InputBuffer<'_>, BackendError> {
+            self.input.resize(shape.iter().product(), f32::NAN);
+            Ok(InputBuffer::F32(&mut self.input))
+        }
+
+        fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
+            self.seen.lock().unwrap().push(shape);
+            let n = shape[0];
             output.shape = vec![n, 2, 6];
             output.data.clear();
             for i in 0..n {
                 // The mean of the image's first plane tells images apart.
-                let plane = &input.data[i * 3 * 64 * 64..][..64 * 64];
+                let plane = &self.input[i * 3 * 64 * 64..][..64 * 64];
                 let mean = plane.iter().sum::<f32>() / plane.len() as f32;
                 output.data.extend_from_slice(&[0.0, 0.0, 32.0, 32.0, mean, 1.0]);
                 output.data.extend_from_slice(&[0.0, 0.0, 1.0, 1.0, 0.01, 0.0]);
@@ -380,6 +440,7 @@ mod tests {
             &DetectorConfig {
                 imgsz: None,
                 max_batch: 2,
+                run_sizes: vec![],
             },
         )
         .unwrap();
@@ -394,6 +455,32 @@ mod tests {
         assert!((scores[0] - 1.0).abs() < 1e-3 && (scores[1] - 128.0 / 255.0).abs() < 1e-3);
         assert!((scores[2] - 200.0 / 255.0).abs() < 1e-3);
         assert!(res.iter().all(|d| d.len() == 1), "the 0.01 row is under conf");
+    }
+
+    #[test]
+    fn batches_are_padded_up_to_the_next_run_size() {
+        let (backend, seen) = FakeBackend::new(Dim::Dynamic);
+        let mut det = Detector::new(
+            Box::new(backend),
+            &DetectorConfig {
+                imgsz: None,
+                max_batch: 8,
+                run_sizes: vec![1, 4],
+            },
+        )
+        .unwrap();
+        assert_eq!(det.run_sizes(8), [1, 4, 8]);
+        assert_eq!(det.run_sizes(3), [1, 4]);
+        let pixels: Vec<Vec<u8>> = (0..5u8).map(|v| gray(100 + v)).collect();
+        let views: Vec<_> = pixels
+            .iter()
+            .map(|p| ImageView::packed(p, 64, 64).unwrap())
+            .collect();
+        let (res, _) = det.detect(&views[..3], &DetectParams::default()).unwrap();
+        let (res5, _) = det.detect(&views, &DetectParams::default()).unwrap();
+        assert_eq!(*seen.lock().unwrap(), [[4, 3, 64, 64], [8, 3, 64, 64]]);
+        assert_eq!((res.len(), res5.len()), (3, 5), "padding slots give no results");
+        assert!((res5[4][0].score - 104.0 / 255.0).abs() < 1e-3);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use peregrine_backend::{Backend, BackendError, InputBatch, ModelDescription, OutputBuffer};
+use peregrine_backend::{Backend, BackendError, InputBuffer, ModelDescription, OutputBuffer};
 use peregrine_types::model::ElementType;
 use peregrine_types::{Dim, TensorDescription};
 use peregrine_vision::Letterbox;
@@ -34,6 +34,7 @@ pub struct SlowBackend {
     pub computed: Arc<Mutex<Vec<u8>>>,
     /// Fails every run with this message (a model that cannot warm up).
     pub fail: Option<String>,
+    input: Vec<f32>,
 }
 
 impl SlowBackend {
@@ -43,6 +44,7 @@ impl SlowBackend {
             delay,
             computed,
             fail: None,
+            input: Vec::new(),
         }
     }
 }
@@ -52,18 +54,23 @@ impl Backend for SlowBackend {
         &self.description
     }
 
-    fn run(&mut self, input: InputBatch<'_>, output: &mut OutputBuffer) -> Result<(), BackendError> {
+    fn input(&mut self, shape: [usize; 4]) -> Result<InputBuffer<'_>, BackendError> {
+        self.input.resize(shape.iter().product(), f32::NAN);
+        Ok(InputBuffer::F32(&mut self.input))
+    }
+
+    fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
         if let Some(why) = &self.fail {
             return Err(BackendError::Inference(why.clone()));
         }
         std::thread::sleep(self.delay);
-        let n = input.shape[0];
+        let n = shape[0];
         let plane = 32 * 32;
         output.shape = vec![n, 1, 6];
         output.data.clear();
         for i in 0..n {
             // The image's colour (first pixel of the red plane) identifies the request.
-            let red = (input.data[i * 3 * plane] * 255.0).round() as u8;
+            let red = (self.input[i * 3 * plane] * 255.0).round() as u8;
             if red != Letterbox::PAD_VALUE {
                 self.computed.lock().unwrap().push(red);
             }

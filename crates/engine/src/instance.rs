@@ -1,7 +1,7 @@
 //! One model instance's OS thread: warm up, then run whatever batch the queue task hands
 //! over, until the queue task ends.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use peregrine_types::DetectParams;
@@ -15,14 +15,38 @@ use crate::service::Shared;
 use crate::stats::BatchRun;
 use crate::{telemetry, EngineError};
 
+/// Model instance threads alive in this process, sessions included.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Model instance threads still running (each holds a session until it ends). A process
+/// should let this reach zero before it exits: a GPU session freed after the CUDA driver
+/// has begun shutting down at exit aborts the process.
+pub fn live_instances() -> usize {
+    LIVE.load(Ordering::Acquire)
+}
+
+/// Counts an instance thread from its start to the moment its session is gone.
+struct Alive;
+
+impl Alive {
+    fn new() -> Self {
+        LIVE.fetch_add(1, Ordering::AcqRel);
+        Self
+    }
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The instance holds only a weak sender, so that it never keeps the queue task alive: once
 /// every `Engine` handle is gone the queue task ends and this thread follows.
-pub(crate) fn run_instance(
-    mut detector: Detector,
-    commands: mpsc::WeakSender<Command>,
-    shared: Arc<Shared>,
-    sizes: Vec<usize>,
-) {
+pub(crate) fn run_instance(mut detector: Detector, commands: mpsc::WeakSender<Command>, shared: Arc<Shared>) {
+    // Declared first, so dropped last: after the detector and its session.
+    let _alive = Alive::new();
+    let sizes = detector.run_sizes(shared.config.policy.max_batch);
     let model = shared.config.name.clone();
     let version = shared.config.version.clone();
     if let Err(e) = warm_up(&mut detector, &shared.spec, &sizes) {

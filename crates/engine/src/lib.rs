@@ -19,6 +19,7 @@ mod detector;
 mod error;
 #[cfg(test)]
 mod fake;
+pub mod graph;
 mod instance;
 pub mod queue;
 mod queue_task;
@@ -30,6 +31,7 @@ pub mod telemetry;
 
 pub use detector::{BatchItem, Detector, DetectorConfig, ItemOutput, PreparedInput, StageTimings};
 pub use error::EngineError;
+pub use instance::live_instances;
 pub use queue::BatchPolicy;
 pub use request::{ImageResult, RequestError, RequestTimings, TensorResult};
 pub use service::{AdmissionPermit, Engine, EngineConfig, WeakEngine};

@@ -21,14 +21,6 @@ pub struct BatchPolicy {
     pub capacity: usize,
 }
 
-impl BatchPolicy {
-    /// Batch sizes a model instance will actually run, for warm-up: every size from 1 to
-    /// `max_batch` can occur when the delay expires with a partial batch.
-    pub fn batch_sizes(&self) -> Vec<usize> {
-        (1..=self.max_batch.max(1)).collect()
-    }
-}
-
 /// What a queued item must tell the queue about itself.
 pub trait QueueItem {
     /// When the caller stops waiting for an answer.
@@ -289,10 +281,5 @@ mod tests {
             NextBatch::Run(v) => assert_eq!(v[0].1, Duration::from_millis(7)),
             other => panic!("{other:?}"),
         }
-    }
-
-    #[test]
-    fn batch_sizes_for_warm_up() {
-        assert_eq!(policy(3, 0, &[], 1).batch_sizes(), [1, 2, 3]);
     }
 }

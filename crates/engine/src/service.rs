@@ -21,7 +21,9 @@ use bytes::Bytes;
 use crossbeam_queue::ArrayQueue;
 use peregrine_backend::ModelDescription;
 use peregrine_types::DetectParams;
-use peregrine_vision::{decode_image, DecodeLimits, DetectorSpec, ImageView, Letterbox, LetterboxCanvas};
+use peregrine_vision::{
+    decode_image, DecodeLimits, DetectorSpec, ImageView, InputForm, Letterbox, LetterboxCanvas,
+};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::detector::{Detector, ItemOutput};
@@ -208,10 +210,10 @@ impl Engine {
         let (tx, rx) = mpsc::channel(policy.capacity + 64);
         tokio::spawn(run_queue(rx, policy.clone(), shared.clone()));
         for (i, detector) in detectors.into_iter().enumerate() {
-            let (weak, shared, sizes) = (tx.downgrade(), shared.clone(), policy.batch_sizes());
+            let (weak, shared) = (tx.downgrade(), shared.clone());
             std::thread::Builder::new()
                 .name(format!("model-{}-{i}", shared.config.name))
-                .spawn(move || instance::run_instance(detector, weak, shared, sizes))
+                .spawn(move || instance::run_instance(detector, weak, shared))
                 .map_err(|e| EngineError::Thread(e.to_string()))?;
         }
         Ok(Self { shared, commands: tx })
@@ -404,12 +406,16 @@ impl Engine {
     }
 
     async fn infer_tensor_inner(&self, data: Bytes, deadline: Instant) -> Result<TensorResult, RequestError> {
-        let want = self.shared.spec.image_len() * 4;
+        let spec = &self.shared.spec;
+        let want = spec.image_len() * spec.input_form.element_size();
         if data.len() != want {
+            let (h, w) = (spec.input_height, spec.input_width);
+            let layout = match spec.input_form {
+                InputForm::PlanarF32 => format!("3x{h}x{w} float32"),
+                InputForm::InterleavedU8 => format!("{h}x{w}x3 uint8"),
+            };
             return Err(RequestError::BadTensor(format!(
-                "one image of the input is {want} bytes (3x{}x{} float32); got {}",
-                self.shared.spec.input_height,
-                self.shared.spec.input_width,
+                "one image of the input is {want} bytes ({layout}); got {}",
                 data.len()
             )));
         }

@@ -20,6 +20,7 @@ fn start(
             &DetectorConfig {
                 imgsz: None,
                 max_batch,
+                run_sizes: vec![],
             },
         )
     };

@@ -1,7 +1,8 @@
 //! Loading the detection model: a file given by the user, or the one built into the binary.
 
 use anyhow::{Context, Result};
-use peregrine_backend::{BackendError, OrtBackend, SessionConfig};
+use peregrine_backend::{BackendError, ExecutionProvider, OrtBackend, SessionConfig};
+use peregrine_engine::graph::rewritten_weights;
 use peregrine_engine::{Detector, DetectorConfig};
 use peregrine_types::{ClassNames, DetectParams, ParamsError};
 
@@ -24,24 +25,33 @@ pub fn load_backend(
 
 /// Loads the model the arguments name into a ready detector.
 pub fn load_detector(args: &ModelArgs, max_batch: usize) -> Result<Detector> {
+    let provider = args.provider.provider();
+    let on_gpu = provider != ExecutionProvider::Cpu;
     let session = SessionConfig {
         intra_threads: args.threads,
         runtime_path: args.ort_lib.clone(),
-        provider: args.provider.provider(),
+        provider,
+        pinned_input: args.provider.pinned_input,
         ..Default::default()
     };
     let fallback = args.provider.provider_fallback;
-    let backend = match &args.model {
-        Some(path) => {
-            let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-            load_backend(&bytes, &session, fallback)
-                .with_context(|| format!("loading model {}", path.display()))?
-        }
-        None => load_backend(EMBEDDED_MODEL, &session, fallback).context("loading the embedded model")?,
+    let (bytes, what): (std::borrow::Cow<'_, [u8]>, String) = match &args.model {
+        Some(path) => (
+            std::fs::read(path)
+                .with_context(|| format!("cannot read {}", path.display()))?
+                .into(),
+            format!("model {}", path.display()),
+        ),
+        None => (EMBEDDED_MODEL.into(), "the embedded model".into()),
     };
+    let rewritten = rewritten_weights(&bytes, args.provider.graph_rewrite, args.provider.top_k, on_gpu)
+        .with_context(|| format!("loading {what}"))?;
+    let backend = load_backend(rewritten.as_deref().unwrap_or(&bytes), &session, fallback)
+        .with_context(|| format!("loading {what}"))?;
     let config = DetectorConfig {
         imgsz: args.imgsz,
         max_batch,
+        run_sizes: vec![],
     };
     Ok(Detector::new(Box::new(backend), &config)?)
 }

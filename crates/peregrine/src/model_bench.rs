@@ -34,6 +34,10 @@ pub struct ModelBenchArgs {
     /// Seconds to run each batch size.
     #[arg(long, env = "PEREGRINE_BENCH_SECONDS", default_value_t = 10.0)]
     pub seconds: f64,
+    /// Model instances (sessions) run side by side, each on its own thread, as the server
+    /// runs them; figures are for all of them together.
+    #[arg(long, env = "PEREGRINE_BENCH_INSTANCES", default_value_t = 1)]
+    pub instances: usize,
     /// Write the results as JSON to this file.
     #[arg(long, env = "PEREGRINE_BENCH_OUTPUT")]
     pub output: Option<PathBuf>,
@@ -42,6 +46,7 @@ pub struct ModelBenchArgs {
 #[derive(Debug, Serialize)]
 pub struct BatchFigures {
     pub batch: usize,
+    pub instances: usize,
     pub runs: usize,
     pub images_per_s: f64,
     pub batch_ms_p50: f64,
@@ -49,6 +54,41 @@ pub struct BatchFigures {
     pub normalize_ms_mean: f64,
     pub model_ms_mean: f64,
     pub postprocess_ms_mean: f64,
+}
+
+/// One instance's runs over the measured time.
+struct Measured {
+    times: Vec<Duration>,
+    norm: Duration,
+    model: Duration,
+    post: Duration,
+}
+
+/// Runs `inputs` on `detector` (two unmeasured runs first) for `seconds`.
+fn measure(
+    detector: &mut peregrine_engine::Detector,
+    inputs: &[PreparedInput<'_>],
+    seconds: f64,
+) -> Result<Measured> {
+    for _ in 0..2 {
+        detector.run_prepared(inputs)?;
+    }
+    let mut m = Measured {
+        times: Vec::new(),
+        norm: Duration::ZERO,
+        model: Duration::ZERO,
+        post: Duration::ZERO,
+    };
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        let t0 = Instant::now();
+        let (_, t) = detector.run_prepared(inputs)?;
+        m.times.push(t0.elapsed());
+        m.norm += t.preprocess;
+        m.model += t.inference;
+        m.post += t.postprocess;
+    }
+    Ok(m)
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> f64 {
@@ -62,9 +102,12 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
         "--batch sizes must be at least 1"
     );
     anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
+    anyhow::ensure!(args.instances > 0, "--instances must be at least 1");
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
-    let mut detector = crate::model::load_detector(&args.model, max_batch)?;
-    let spec = detector.spec().clone();
+    let mut detectors = (0..args.instances)
+        .map(|_| crate::model::load_detector(&args.model, max_batch))
+        .collect::<Result<Vec<_>>>()?;
+    let spec = detectors[0].spec().clone();
     let mut scratch = LetterboxCanvas::new();
     let (paths, problems) = crate::inputs::expand(&args.images);
     anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
@@ -90,7 +133,7 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
     let mut figures = Vec::new();
     for &batch in &args.batch {
         anyhow::ensure!(
-            batch <= detector.batch_size(),
+            batch <= detectors[0].batch_size(),
             "batch {batch} is over the model's fixed batch size"
         );
         let inputs: Vec<PreparedInput<'_>> = (0..batch)
@@ -103,37 +146,40 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
                 }
             })
             .collect();
-        for _ in 0..2 {
-            detector.run_prepared(&inputs)?;
-        }
-        let mut times = Vec::new();
-        let (mut norm, mut model, mut post) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
         let start = Instant::now();
-        while start.elapsed().as_secs_f64() < args.seconds {
-            let t0 = Instant::now();
-            let (_, t) = detector.run_prepared(&inputs)?;
-            times.push(t0.elapsed());
-            norm += t.preprocess;
-            model += t.inference;
-            post += t.postprocess;
-        }
+        let runs: Vec<Measured> = std::thread::scope(|scope| {
+            let handles: Vec<_> = detectors
+                .iter_mut()
+                .map(|d| {
+                    let inputs = &inputs;
+                    scope.spawn(move || measure(d, inputs, args.seconds))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a benchmark thread panicked"))
+                .collect::<Result<Vec<_>>>()
+        })?;
         let elapsed = start.elapsed().as_secs_f64();
+        let mut times: Vec<Duration> = runs.iter().flat_map(|m| m.times.iter().copied()).collect();
         times.sort();
-        let runs = times.len();
-        let mean = |d: Duration| d.as_secs_f64() * 1e3 / runs as f64;
+        let total = times.len();
+        let sum = |f: fn(&Measured) -> Duration| runs.iter().map(f).sum::<Duration>();
+        let mean = |d: Duration| d.as_secs_f64() * 1e3 / total as f64;
         let f = BatchFigures {
             batch,
-            runs,
-            images_per_s: (runs * batch) as f64 / elapsed,
+            instances: args.instances,
+            runs: total,
+            images_per_s: (total * batch) as f64 / elapsed,
             batch_ms_p50: percentile(&times, 0.5),
             batch_ms_p99: percentile(&times, 0.99),
-            normalize_ms_mean: mean(norm),
-            model_ms_mean: mean(model),
-            postprocess_ms_mean: mean(post),
+            normalize_ms_mean: mean(sum(|m| m.norm)),
+            model_ms_mean: mean(sum(|m| m.model)),
+            postprocess_ms_mean: mean(sum(|m| m.post)),
         };
         println!(
-            "batch {:>3}: {:>8.2} img/s  batch p50 {:>8.2} ms  p99 {:>8.2} ms  (normalize {:.2}, model {:.2}, postprocess {:.2} ms)",
-            f.batch, f.images_per_s, f.batch_ms_p50, f.batch_ms_p99, f.normalize_ms_mean, f.model_ms_mean, f.postprocess_ms_mean
+            "batch {:>3} x{}: {:>8.2} img/s  batch p50 {:>8.2} ms  p99 {:>8.2} ms  (normalize {:.2}, model {:.2}, postprocess {:.2} ms)",
+            f.batch, f.instances, f.images_per_s, f.batch_ms_p50, f.batch_ms_p99, f.normalize_ms_mean, f.model_ms_mean, f.postprocess_ms_mean
         );
         figures.push(f);
     }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use peregrine_backend::{CudaOptions, ExecutionProvider, TensorRtOptions};
+use peregrine_engine::graph::GraphRewrite;
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq, Default)]
 pub enum ProviderKind {
@@ -13,7 +14,7 @@ pub enum ProviderKind {
     Tensorrt,
 }
 
-#[derive(Debug, Clone, Args, Default)]
+#[derive(Debug, Clone, Args)]
 pub struct ProviderArgs {
     /// Where the model runs. cuda and tensorrt need the GPU build of ONNX Runtime
     /// (ORT_DYLIB_PATH); a provider that cannot load is an error unless --provider-fallback.
@@ -28,7 +29,8 @@ pub struct ProviderArgs {
     /// Cap on the CUDA memory arena, in bytes.
     #[arg(long, env = "PEREGRINE_GPU_MEM_LIMIT")]
     pub gpu_mem_limit: Option<usize>,
-    /// Benchmark every cuDNN convolution algorithm at the first run (cuda).
+    /// Benchmark every cuDNN convolution algorithm at the first run of each input shape
+    /// (cuda; slower warm-up, sometimes faster runs); otherwise cuDNN's heuristics choose.
     #[arg(long, env = "PEREGRINE_CUDNN_EXHAUSTIVE")]
     pub cudnn_exhaustive: bool,
     /// Prefer NHWC convolution kernels (cuda).
@@ -52,6 +54,44 @@ pub struct ProviderArgs {
     /// Directory for TensorRT's timing cache (tensorrt).
     #[arg(long, env = "PEREGRINE_TRT_TIMING_CACHE")]
     pub trt_timing_cache: Option<PathBuf>,
+    /// Rewrite the model's graph at load time so the accelerator normalises the uint8
+    /// canvas and returns only the top-K candidate rows: auto (on GPU providers), on, off.
+    #[arg(long, env = "PEREGRINE_GRAPH_REWRITE", default_value = "auto")]
+    pub graph_rewrite: GraphRewrite,
+    /// Candidate rows per image the rewritten graph returns.
+    #[arg(long, env = "PEREGRINE_TOP_K", default_value_t = peregrine_onnx_top_k())]
+    pub top_k: usize,
+    /// Stage inputs in page-locked host memory on GPU providers (faster copies to the GPU).
+    #[arg(long, env = "PEREGRINE_PINNED_INPUT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub pinned_input: bool,
+}
+
+impl Default for ProviderArgs {
+    /// The same as the flags' defaults.
+    fn default() -> Self {
+        Self {
+            provider: ProviderKind::Cpu,
+            provider_fallback: false,
+            device_id: 0,
+            gpu_mem_limit: None,
+            cudnn_exhaustive: false,
+            prefer_nhwc: false,
+            cuda_graph: false,
+            trt_fp16: false,
+            trt_int8: false,
+            trt_int8_calibration_table: None,
+            trt_engine_cache: None,
+            trt_timing_cache: None,
+            graph_rewrite: GraphRewrite::Auto,
+            top_k: peregrine_onnx_top_k(),
+            pinned_input: true,
+        }
+    }
+}
+
+/// The rewrite's default row count, named once.
+fn peregrine_onnx_top_k() -> usize {
+    peregrine_engine::registry::ModelSettings::default().top_k
 }
 
 impl ProviderArgs {

@@ -20,13 +20,22 @@ use crate::serve_config::{ServeArgs, ServeSettings};
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let settings = args.resolve()?;
-    keep_large_allocations_out_of_the_heap();
+    keep_large_allocations_out_of_the_heap(settings.malloc_mmap_threshold);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("peregrine-io")
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(settings))
+    let outcome = runtime.block_on(serve(settings));
+    // Stopping the runtime drops the registry and its engines; their instance threads then
+    // free their sessions. Waiting for them keeps GPU sessions from being freed after the
+    // CUDA driver has started shutting down at exit, which aborts the process.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    while peregrine_engine::live_instances() > 0 && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    outcome
 }
 
 /// Sessions allocate and free hundreds of megabytes on load and unload. glibc's default
@@ -34,12 +43,18 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
 /// come from the heap and fragment it: measured here, resident memory grew by 40% over
 /// 100 load/unload cycles. A fixed threshold keeps blocks of 1 MiB and more in their own
 /// mappings, which go back to the system when freed (docs/benchmarks.md).
-fn keep_large_allocations_out_of_the_heap() {
+fn keep_large_allocations_out_of_the_heap(threshold: usize) {
+    if threshold == 0 {
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; it is called before any other
     // thread exists.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+        libc::mallopt(
+            libc::M_MMAP_THRESHOLD,
+            i32::try_from(threshold).unwrap_or(i32::MAX),
+        );
     }
 }
 
@@ -64,6 +79,11 @@ fn model_defaults(s: &ServeSettings) -> ModelSettings {
         imgsz: s.imgsz,
         provider: s.provider.provider(),
         provider_fallback: s.provider.provider_fallback,
+        pinned_input: s.provider.pinned_input,
+        graph_rewrite: s.provider.graph_rewrite,
+        top_k: s.provider.top_k,
+        padded_batch_sizes: s.padded_batch_sizes.clone(),
+        session_per_batch_size: s.session_per_batch_size,
         runtime_path: s.ort_lib.clone(),
         ..ModelSettings::default()
     }

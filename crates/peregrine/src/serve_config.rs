@@ -29,6 +29,8 @@ pub struct ServeSettings {
     pub max_batch: usize,
     pub max_queue_delay_us: u64,
     pub preferred_batch_sizes: Vec<usize>,
+    pub padded_batch_sizes: Vec<usize>,
+    pub session_per_batch_size: bool,
     pub queue_capacity: usize,
     pub max_in_flight: usize,
     pub preprocess_threads: usize,
@@ -39,6 +41,7 @@ pub struct ServeSettings {
     pub max_pixels: u64,
     pub shed_on_backlog: bool,
     pub shutdown_timeout_s: u64,
+    pub malloc_mmap_threshold: usize,
     pub ort_lib: Option<PathBuf>,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
@@ -67,6 +70,8 @@ impl Default for ServeSettings {
             max_batch: 4,
             max_queue_delay_us: 0,
             preferred_batch_sizes: Vec::new(),
+            padded_batch_sizes: Vec::new(),
+            session_per_batch_size: false,
             queue_capacity: 64,
             max_in_flight: 128,
             preprocess_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -77,6 +82,7 @@ impl Default for ServeSettings {
             max_pixels: 50_000_000,
             shed_on_backlog: true,
             shutdown_timeout_s: 30,
+            malloc_mmap_threshold: 1 << 20,
             ort_lib: None,
             provider: Default::default(),
         }
@@ -154,6 +160,16 @@ pub struct ServeArgs {
     /// Batch sizes to prefer when the delay expires, comma separated.
     #[arg(long, env = "PEREGRINE_PREFERRED_BATCH_SIZES", value_delimiter = ',')]
     pub preferred_batch_sizes: Option<Vec<usize>>,
+    /// Batch sizes the model runs at, comma separated: a smaller batch is padded up to the
+    /// next (max batch is always one). Fewer shapes warm up faster on GPUs [default: every
+    /// size from 1 to max batch].
+    #[arg(long, env = "PEREGRINE_PADDED_BATCH_SIZES", value_delimiter = ',')]
+    pub padded_batch_sizes: Option<Vec<usize>>,
+    /// One ONNX Runtime session per padded batch size, so no session's input shape ever
+    /// changes: CUDA re-prepares its convolutions on every change, which costs seconds per
+    /// batch when sizes alternate [default: false].
+    #[arg(long, env = "PEREGRINE_SESSION_PER_BATCH_SIZE")]
+    pub session_per_batch_size: Option<bool>,
     /// Images waiting for a model before new ones get 429 [default: 64].
     #[arg(long, env = "PEREGRINE_QUEUE_CAPACITY")]
     pub queue_capacity: Option<usize>,
@@ -187,6 +203,11 @@ pub struct ServeArgs {
     /// [default: 30].
     #[arg(long, env = "PEREGRINE_SHUTDOWN_TIMEOUT_S")]
     pub shutdown_timeout_s: Option<u64>,
+    /// Allocations of at least this many bytes get their own memory mapping, returned to
+    /// the system when freed (keeps model reloads from fragmenting the heap); 0 keeps
+    /// glibc's adaptive default [default: 1048576].
+    #[arg(long, env = "PEREGRINE_MALLOC_MMAP_THRESHOLD")]
+    pub malloc_mmap_threshold: Option<usize>,
     /// Path of libonnxruntime.so [default: the copy `make setup` fetched].
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_lib: Option<PathBuf>,
@@ -228,6 +249,8 @@ impl ServeArgs {
             max_batch,
             max_queue_delay_us,
             preferred_batch_sizes,
+            padded_batch_sizes,
+            session_per_batch_size,
             queue_capacity,
             max_in_flight,
             preprocess_threads,
@@ -237,6 +260,7 @@ impl ServeArgs {
             body_timeout_ms,
             max_pixels,
             shed_on_backlog,
+            malloc_mmap_threshold,
             shutdown_timeout_s
         );
         take_opt!(

@@ -68,3 +68,45 @@ fn embedded_model_matches_the_shared_yolo11n() {
     assert_eq!(embedded[0]["detections"], explicit[0]["detections"]);
     assert!(!embedded[0]["detections"].as_array().unwrap().is_empty());
 }
+
+/// The graph rewrite (uint8 canvas in, top-K candidates out, normalisation and the best
+/// class scan inside the graph) gives exactly the plain path's detections on the CPU.
+fn check_rewrite_is_exact(model: &str) {
+    let model_path = shared_dir().join("models").join(format!("{model}.onnx"));
+    let images: Vec<String> = reference(model)
+        .iter()
+        .map(|(name, _)| shared_dir().join("images").join(name).display().to_string())
+        .collect();
+    let run = |rewrite: &str| {
+        let mut args = vec![
+            "detect".to_string(),
+            "--model".into(),
+            model_path.display().to_string(),
+            "--graph-rewrite".into(),
+            rewrite.into(),
+            "--batch".into(),
+            "2".into(),
+        ];
+        args.extend(images.iter().cloned());
+        common::detect_json(&args)
+    };
+    let (plain, rewritten) = (run("off"), run("on"));
+    assert_eq!(plain.len(), rewritten.len());
+    for (p, r) in plain.iter().zip(&rewritten) {
+        assert_eq!(
+            p, r,
+            "the rewritten graph changed the detections of {}",
+            p["image"]
+        );
+    }
+}
+
+#[test]
+fn rewritten_graph_is_exact_yolo11n() {
+    check_rewrite_is_exact("yolo11n");
+}
+
+#[test]
+fn rewritten_graph_is_exact_yolo26n_end_to_end() {
+    check_rewrite_is_exact("yolo26n-e2e");
+}

@@ -399,3 +399,64 @@ async fn a_client_that_disconnects_is_dropped_before_its_batch() {
         1.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewritten_graph_serves_the_same_detections_and_a_uint8_tensor_model() {
+    let plain = Server::start(&["--graph-rewrite", "off"]);
+    let rewritten = Server::start(&["--graph-rewrite", "on"]);
+    plain.wait_ready().await;
+    rewritten.wait_ready().await;
+    let client = reqwest::Client::new();
+    for name in ["bus.jpg", "zidane.jpg"] {
+        let mut answers = Vec::new();
+        for server in [&plain, &rewritten] {
+            let r = post_image(&client, &server.url("/v1/detect"), image_bytes(name), &[]).await;
+            assert_eq!(r.status(), 200);
+            answers.push(r.json::<Value>().await.unwrap()["detections"].clone());
+        }
+        assert_eq!(answers[0], answers[1], "{name}");
+    }
+    // The tensor model is the graph as it runs: uint8 canvases in, candidate rows out.
+    let meta: Value = client
+        .get(rewritten.url("/v2/models/yolo11n_tensor"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(meta["inputs"][0]["datatype"], "UINT8");
+    assert_eq!(meta["inputs"][0]["shape"], serde_json::json!([-1, 640, 640, 3]));
+    assert_eq!(meta["outputs"][0]["name"], "candidates");
+    assert_eq!(meta["outputs"][0]["shape"], serde_json::json!([-1, 1024, 6]));
+    let gray = vec![114u8; 640 * 640 * 3];
+    let header = serde_json::json!({
+        "inputs": [{"name": "images_u8", "datatype": "UINT8", "shape": [1, 640, 640, 3],
+                    "parameters": {"binary_data_size": gray.len()}}],
+        "parameters": {"binary_data_output": true}
+    })
+    .to_string();
+    let mut body = header.clone().into_bytes();
+    body.extend_from_slice(&gray);
+    let r = client
+        .post(rewritten.url("/v2/models/yolo11n_tensor/infer"))
+        .header("inference-header-content-length", header.len())
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let len: usize = r.headers()["inference-header-content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let bytes = r.bytes().await.unwrap();
+    let head: Value = serde_json::from_slice(&bytes[..len]).unwrap();
+    assert_eq!(head["outputs"][0]["shape"], serde_json::json!([1, 1024, 6]));
+    assert_eq!(
+        bytes.len() - len,
+        1024 * 6 * 4,
+        "only the candidate rows come back"
+    );
+}

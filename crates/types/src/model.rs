@@ -36,6 +36,12 @@ pub struct TensorDescription {
     pub dims: Vec<Dim>,
 }
 
+/// Metadata key with which a graph rewritten by `peregrine-onnx` says its output holds
+/// top-K candidate rows (x1, y1, x2, y2, score, class; best first) that still need NMS.
+pub const OUTPUT_FORM_KEY: &str = "peregrine_output";
+/// [`OUTPUT_FORM_KEY`]'s value for candidate rows.
+pub const CANDIDATES_FORM: &str = "candidates";
+
 /// The model as a backend sees it: its tensors and the free-form metadata it carries
 /// (Ultralytics exports put `names`, `imgsz`, `stride` and `end2end` there).
 #[derive(Debug, Clone, PartialEq, Eq)]

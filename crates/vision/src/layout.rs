@@ -14,6 +14,10 @@ pub enum OutputLayout {
     /// End-to-end head (YOLOv10, YOLO26): `[N, K, 6]` rows of x1, y1, x2, y2, score, class,
     /// already free of duplicates.
     EndToEnd,
+    /// A raw head reduced inside the graph to its best anchors (`peregrine-onnx`'s output
+    /// rewrite): `[N, K, 6]` rows laid out like [`OutputLayout::EndToEnd`]'s, best first,
+    /// but still in need of NMS.
+    Candidates,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -87,6 +91,7 @@ impl OutputLayout {
             Self::ChannelsFirst { .. } => "yolov8",
             Self::AnchorsFirstWithObjectness { .. } => "yolov5",
             Self::EndToEnd => "end2end",
+            Self::Candidates => "candidates",
         }
     }
 
@@ -103,7 +108,7 @@ impl OutputLayout {
         match *self {
             Self::ChannelsFirst { num_classes } if shape[1] == 4 + num_classes => Ok(shape[2]),
             Self::AnchorsFirstWithObjectness { num_classes } if shape[2] == 5 + num_classes => Ok(shape[1]),
-            Self::EndToEnd if shape[2] == 6 => Ok(shape[1]),
+            Self::EndToEnd | Self::Candidates if shape[2] == 6 => Ok(shape[1]),
             _ => Err(bad()),
         }
     }

@@ -28,4 +28,4 @@ pub use decode::{decode_image, DecodeError, DecodeLimits, DecodedImage};
 pub use layout::{LayoutError, OutputLayout};
 pub use letterbox::{ImageView, Letterbox, LetterboxCanvas};
 pub use postprocess::{Candidate, Postprocessor};
-pub use spec::{DetectorSpec, SpecError};
+pub use spec::{DetectorSpec, InputForm, SpecError};

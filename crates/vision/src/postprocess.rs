@@ -48,7 +48,7 @@ impl Postprocessor {
             OutputLayout::AnchorsFirstWithObjectness { num_classes } => {
                 self.anchors_first(output, rows, num_classes, params)
             }
-            OutputLayout::EndToEnd => self.end_to_end(output, rows, params),
+            OutputLayout::EndToEnd | OutputLayout::Candidates => self.rows_of_six(output, rows, params),
         }
         let start = out.len();
         if layout.needs_nms() {
@@ -128,8 +128,8 @@ impl Postprocessor {
         }
     }
 
-    /// `[K, 6]`: x1, y1, x2, y2, score, class.
-    fn end_to_end(&mut self, output: &[f32], rows: usize, params: &DetectParams) {
+    /// `[K, 6]`: x1, y1, x2, y2, score, class (end-to-end heads and rewritten candidates).
+    fn rows_of_six(&mut self, output: &[f32], rows: usize, params: &DetectParams) {
         for r in output.chunks_exact(6).take(rows) {
             let score = r[4];
             let class = r[5];

@@ -1,15 +1,36 @@
 //! What the detection pipeline needs to know about a model, read off its description.
 
-use peregrine_types::model::ElementType;
+use peregrine_types::model::{ElementType, CANDIDATES_FORM, OUTPUT_FORM_KEY};
 use peregrine_types::{ClassNames, Dim, ModelDescription};
 
 use crate::layout::{LayoutError, OutputLayout};
+
+/// How the model takes its images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputForm {
+    /// `float32 [N, 3, H, W]`, RGB in `[0, 1]`: the host normalises each canvas.
+    PlanarF32,
+    /// `uint8 [N, H, W, 3]`: the letterboxed canvases as they are, normalised inside the
+    /// graph (`peregrine-onnx`'s input rewrite).
+    InterleavedU8,
+}
+
+impl InputForm {
+    /// Bytes of one input element.
+    pub fn element_size(self) -> usize {
+        match self {
+            Self::PlanarF32 => 4,
+            Self::InterleavedU8 => 1,
+        }
+    }
+}
 
 /// Everything the pre- and postprocessing need: input size, batch limits, class names and
 /// the output layout.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DetectorSpec {
     pub input_name: String,
+    pub input_form: InputForm,
     pub output_name: String,
     pub input_width: usize,
     pub input_height: usize,
@@ -26,9 +47,12 @@ pub enum SpecError {
     InputCount(usize),
     #[error("the model has no outputs")]
     NoOutputs,
-    #[error("input {name:?} has shape {shape}; a detector takes [batch, 3, height, width]")]
+    #[error(
+        "input {name:?} has shape {shape}; a detector takes float32 [batch, 3, height, width] \
+         or uint8 [batch, height, width, 3]"
+    )]
     InputShape { name: String, shape: String },
-    #[error("input {name:?} is {element}; only float32 image inputs are supported")]
+    #[error("input {name:?} is {element}; only float32 and uint8 image inputs are supported")]
     InputType { name: String, element: String },
     #[error(
         "the model's input is fixed at {fixed_h}x{fixed_w}; it cannot run at the requested \
@@ -61,13 +85,27 @@ impl DetectorSpec {
             return Err(SpecError::InputCount(model.inputs.len()));
         };
         let output = model.outputs.first().ok_or(SpecError::NoOutputs)?;
-        if input.element != ElementType::F32 {
-            return Err(SpecError::InputType {
-                name: input.name.clone(),
-                element: format!("{:?}", input.element).to_lowercase(),
-            });
-        }
-        let shape_ok = input.dims.len() == 4 && matches!(input.dims[1], Dim::Fixed(3) | Dim::Dynamic);
+        let input_form = match input.element {
+            ElementType::F32 => InputForm::PlanarF32,
+            ElementType::U8 => InputForm::InterleavedU8,
+            _ => {
+                return Err(SpecError::InputType {
+                    name: input.name.clone(),
+                    element: format!("{:?}", input.element).to_lowercase(),
+                })
+            }
+        };
+        // (height, width) dimension indices of the two layouts.
+        let (channels, hw) = match input_form {
+            InputForm::PlanarF32 => (1, (2, 3)),
+            InputForm::InterleavedU8 => (3, (1, 2)),
+        };
+        // A uint8 input exists only as the rewrite makes it, with its channels fixed at 3.
+        let shape_ok = input.dims.len() == 4
+            && match input_form {
+                InputForm::PlanarF32 => matches!(input.dims[channels], Dim::Fixed(3) | Dim::Dynamic),
+                InputForm::InterleavedU8 => input.dims[channels] == Dim::Fixed(3),
+            };
         if !shape_ok {
             return Err(SpecError::InputShape {
                 name: input.name.clone(),
@@ -79,7 +117,7 @@ impl DetectorSpec {
             .and_then(|s| s.trim().parse().ok())
             .filter(|&s: &usize| s > 0)
             .unwrap_or(DEFAULT_STRIDE);
-        let (height, width) = match (input.dims[2].fixed(), input.dims[3].fixed()) {
+        let (height, width) = match (input.dims[hw.0].fixed(), input.dims[hw.1].fixed()) {
             (Some(h), Some(w)) => {
                 if let Some((want_h, want_w)) = imgsz.filter(|&s| s != (h, w)) {
                     return Err(SpecError::SizeConflict {
@@ -104,13 +142,26 @@ impl DetectorSpec {
         let names = meta("names").and_then(parse_names).unwrap_or_default();
         let end2end = meta("end2end").map(|v| v.trim().eq_ignore_ascii_case("true"));
         let num_names = (!names.is_empty()).then_some(names.len());
-        let layout =
-            OutputLayout::infer(&output.dims, num_names, end2end).map_err(|source| SpecError::Layout {
-                name: output.name.clone(),
-                source,
-            })?;
+        let layout_err = |source| SpecError::Layout {
+            name: output.name.clone(),
+            source,
+        };
+        let layout = if meta(OUTPUT_FORM_KEY) == Some(CANDIDATES_FORM) {
+            let rows_of_six =
+                output.dims.len() == 3 && matches!(output.dims[2], Dim::Fixed(6) | Dim::Dynamic);
+            if !rows_of_six {
+                return Err(layout_err(LayoutError::ShapeChanged {
+                    got: output.dims.iter().map(|d| d.fixed().unwrap_or(0)).collect(),
+                    layout: "candidates",
+                }));
+            }
+            OutputLayout::Candidates
+        } else {
+            OutputLayout::infer(&output.dims, num_names, end2end).map_err(layout_err)?
+        };
         Ok(Self {
             input_name: input.name.clone(),
+            input_form,
             output_name: output.name.clone(),
             input_width: width,
             input_height: height,
@@ -121,7 +172,8 @@ impl DetectorSpec {
         })
     }
 
-    /// Floats in one image's slot of the input batch.
+    /// Elements in one image's slot of the input batch (floats or bytes, as
+    /// [`DetectorSpec::input_form`] says).
     pub fn image_len(&self) -> usize {
         3 * self.input_width * self.input_height
     }
@@ -278,10 +330,36 @@ mod tests {
         let err = DetectorSpec::from_model(&m, None).unwrap_err();
         assert!(err.to_string().contains("[batch, 3, height, width]"), "{err}");
         let mut m = model(vec![D, F(3), D, D], vec![D, F(84), D], &[]);
-        m.inputs[0].element = ElementType::U8;
+        m.inputs[0].element = ElementType::Other("int64".into());
         assert!(matches!(
             DetectorSpec::from_model(&m, None),
             Err(SpecError::InputType { .. })
         ));
+        // uint8 comes only as [N, H, W, 3].
+        m.inputs[0].element = ElementType::U8;
+        assert!(matches!(
+            DetectorSpec::from_model(&m, None),
+            Err(SpecError::InputShape { .. })
+        ));
+    }
+
+    #[test]
+    fn rewritten_graphs_take_uint8_canvases_and_give_candidates() {
+        let mut m = model(
+            vec![D, D, D, F(3)],
+            vec![D, D, F(6)],
+            &[
+                ("names", "{0: 'a', 1: 'b'}"),
+                ("imgsz", "[320, 480]"),
+                (OUTPUT_FORM_KEY, CANDIDATES_FORM),
+            ],
+        );
+        m.inputs[0].element = ElementType::U8;
+        let s = DetectorSpec::from_model(&m, None).unwrap();
+        assert_eq!(s.input_form, InputForm::InterleavedU8);
+        assert_eq!((s.input_height, s.input_width), (320, 480));
+        assert_eq!(s.layout, OutputLayout::Candidates);
+        assert!(s.layout.needs_nms());
+        assert_eq!(s.image_len() * s.input_form.element_size(), 320 * 480 * 3);
     }
 }

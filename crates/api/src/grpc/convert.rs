@@ -259,8 +259,15 @@ fn typed_contents(i: &proto::model_infer_request::InferInputTensor) -> Result<By
                 .collect::<Vec<u8>>(),
         )),
         "BYTES" => Ok(Bytes::from(join_bytes_elements(&c.bytes_contents))),
+        "UINT8" => c
+            .uint_contents
+            .iter()
+            .map(|&v| u8::try_from(v))
+            .collect::<Result<Vec<u8>, _>>()
+            .map(Bytes::from)
+            .map_err(|_| ApiError::BadRequest(format!("input {:?}: UINT8 values must be 0 to 255", i.name))),
         other => Err(ApiError::BadRequest(format!(
-            "input {:?}: {other} is not accepted; send FP32 or BYTES",
+            "input {:?}: {other} is not accepted; send FP32, UINT8 or BYTES",
             i.name
         ))),
     }

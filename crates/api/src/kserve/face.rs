@@ -15,6 +15,7 @@ use std::sync::Arc;
 use peregrine_engine::registry::{LookupError, ModelSettings, ModelView, RegistrySnapshot, VersionPolicy};
 use peregrine_engine::Engine;
 use peregrine_types::Dim;
+use peregrine_vision::InputForm;
 
 use super::tensor::DataType;
 use crate::ApiError;
@@ -126,14 +127,15 @@ pub fn detection_tensors() -> (Vec<TensorSpec>, Vec<TensorSpec>) {
     )
 }
 
-/// The tensor model's tensors: the engine's input size and its measured output shape.
+/// The tensor model's tensors: the graph as it runs (float `[3, H, W]` as exported, or
+/// uint8 `[H, W, 3]` when rewritten), at the engine's input size, and the measured output.
 pub fn raw_tensors(engine: &Engine) -> (Vec<TensorSpec>, Vec<TensorSpec>) {
     let s = engine.spec();
-    let input = spec(
-        &s.input_name,
-        DataType::Fp32,
-        &[3, s.input_height as i64, s.input_width as i64],
-    );
+    let (h, w) = (s.input_height as i64, s.input_width as i64);
+    let input = match s.input_form {
+        InputForm::PlanarF32 => spec(&s.input_name, DataType::Fp32, &[3, h, w]),
+        InputForm::InterleavedU8 => spec(&s.input_name, DataType::Uint8, &[h, w, 3]),
+    };
     let out_dims: Vec<i64> = match engine.output_shape() {
         Some(shape) => shape.iter().map(|&d| d as i64).collect(),
         None => engine

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use peregrine_engine::{AdmissionPermit, Engine, ImageResult};
 use peregrine_types::DetectParams;
+use peregrine_vision::InputForm;
 
 use super::face::{self, Face, Resolved};
 use super::tensor::{element_count, split_bytes_elements, DataType, OutputData};
@@ -259,14 +260,22 @@ async fn raw(
     deadline: Instant,
 ) -> Result<Vec<InferOutput>, ApiError> {
     let s = engine.spec();
-    check_input(input, &s.input_name, DataType::Fp32)?;
     let (h, w) = (s.input_height as i64, s.input_width as i64);
+    let (datatype, layout) = match s.input_form {
+        InputForm::PlanarF32 => (DataType::Fp32, format!("[N, 3, {h}, {w}]")),
+        InputForm::InterleavedU8 => (DataType::Uint8, format!("[N, {h}, {w}, 3]")),
+    };
+    check_input(input, &s.input_name, datatype)?;
     let max = engine.config().policy.max_batch;
-    let batch = match input.shape.as_slice() {
-        [n, 3, hh, ww] if *hh == h && *ww == w && *n >= 1 => *n as usize,
-        other => {
+    let batch = match (s.input_form, input.shape.as_slice()) {
+        (InputForm::PlanarF32, [n, 3, hh, ww]) | (InputForm::InterleavedU8, [n, hh, ww, 3])
+            if *hh == h && *ww == w && *n >= 1 =>
+        {
+            *n as usize
+        }
+        (_, other) => {
             return Err(ApiError::BadRequest(format!(
-                "input {:?} has shape {other:?}; this model takes [N, 3, {h}, {w}] with N from 1 to {max}",
+                "input {:?} has shape {other:?}; this model takes {layout} with N from 1 to {max}",
                 s.input_name
             )))
         }
@@ -276,12 +285,13 @@ async fn raw(
             "a batch of {batch} is over this model's max_batch_size of {max}"
         )));
     }
-    let expected = element_count(&input.shape)? * 4;
+    let expected = element_count(&input.shape)? * s.input_form.element_size();
     if input.raw.len() != expected {
         return Err(ApiError::BadRequest(format!(
-            "input {:?} of shape {:?} needs {expected} bytes of FP32 data; got {}",
+            "input {:?} of shape {:?} needs {expected} bytes of {} data; got {}",
             s.input_name,
             input.shape,
+            datatype.protocol_name(),
             input.raw.len()
         )));
     }

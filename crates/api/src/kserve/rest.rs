@@ -320,6 +320,15 @@ fn json_data(name: &str, datatype: &str, shape: &[i64], data: &Value) -> Result<
             }
             Ok(out.freeze())
         }
+        "UINT8" => flat
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| u8::try_from(n).ok())
+                    .ok_or_else(|| bad("a whole number from 0 to 255"))
+            })
+            .collect::<Result<Vec<u8>, _>>()
+            .map(Bytes::from),
         "BYTES" => {
             let engine = base64::engine::general_purpose::STANDARD;
             let items = flat
@@ -335,7 +344,7 @@ fn json_data(name: &str, datatype: &str, shape: &[i64], data: &Value) -> Result<
             Ok(Bytes::from(join_bytes_elements(&items)))
         }
         other => Err(ApiError::BadRequest(format!(
-            "input {name:?}: {other} data is not accepted as JSON here; send FP32 or BYTES"
+            "input {name:?}: {other} data is not accepted as JSON here; send FP32, UINT8 or BYTES"
         ))),
     }
 }

@@ -11,6 +11,7 @@ use crate::ApiError;
 pub enum DataType {
     Fp32,
     Int32,
+    Uint8,
     Bytes,
 }
 
@@ -20,6 +21,7 @@ impl DataType {
         match self {
             Self::Fp32 => "FP32",
             Self::Int32 => "INT32",
+            Self::Uint8 => "UINT8",
             Self::Bytes => "BYTES",
         }
     }
@@ -29,6 +31,7 @@ impl DataType {
         match self {
             Self::Fp32 => "TYPE_FP32",
             Self::Int32 => "TYPE_INT32",
+            Self::Uint8 => "TYPE_UINT8",
             Self::Bytes => "TYPE_STRING",
         }
     }
@@ -38,6 +41,7 @@ impl DataType {
         match self {
             Self::Fp32 => 11,
             Self::Int32 => 8,
+            Self::Uint8 => 2,
             Self::Bytes => 13,
         }
     }

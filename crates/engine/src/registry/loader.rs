@@ -1,9 +1,11 @@
 //! How one version's weights become a running [`Engine`]: the registry's only contact
 //! with a runtime, behind a trait so its lifecycle is tested with fake engines.
 
-use peregrine_backend::{OrtBackend, SessionConfig};
+use peregrine_backend::{Backend, OrtBackend, PerBatchSize, SessionConfig};
 
 use super::settings::ModelSettings;
+use crate::detector::run_sizes;
+use crate::graph::rewritten_weights;
 use crate::{Detector, DetectorConfig, Engine, EngineConfig, EngineError};
 
 /// Builds engines for the registry.
@@ -52,15 +54,37 @@ impl EngineLoader for OrtLoader {
             intra_op_spinning: settings.spin_wait,
             runtime_path: settings.runtime_path.clone(),
             provider: settings.provider.clone(),
+            pinned_input: settings.pinned_input,
         };
+        let rewritten = rewritten_weights(
+            weights,
+            settings.graph_rewrite,
+            settings.top_k,
+            settings.gpu_device().is_some(),
+        )?;
+        let weights = rewritten.as_deref().unwrap_or(weights);
         let detector_config = DetectorConfig {
             imgsz: settings.imgsz,
             max_batch: settings.policy.max_batch,
+            run_sizes: settings.padded_batch_sizes.clone(),
         };
         let fallback = settings.provider_fallback;
+        let per_size = settings.session_per_batch_size;
         let factory = move || -> Result<Detector, EngineError> {
-            let backend = OrtBackend::from_bytes_or_cpu(weights, &session, fallback)?;
-            Detector::new(Box::new(backend), &detector_config)
+            let backend: Box<dyn Backend> = if per_size {
+                let sessions = run_sizes(&detector_config)
+                    .into_iter()
+                    .map(|n| {
+                        let b: Box<dyn Backend> =
+                            Box::new(OrtBackend::from_bytes_or_cpu(weights, &session, fallback)?);
+                        Ok((n, b))
+                    })
+                    .collect::<Result<Vec<_>, EngineError>>()?;
+                Box::new(PerBatchSize::new(sessions)?)
+            } else {
+                Box::new(OrtBackend::from_bytes_or_cpu(weights, &session, fallback)?)
+            };
+            Detector::new(backend, &detector_config)
         };
         Engine::start(engine_config(name, version, settings), factory)
     }

@@ -9,6 +9,7 @@ use peregrine_types::DetectParams;
 use peregrine_vision::DecodeLimits;
 use serde::Deserialize;
 
+use crate::graph::GraphRewrite;
 use crate::queue::BatchPolicy;
 
 /// Which of the versions on disk are served.
@@ -64,6 +65,17 @@ pub struct ModelSettings {
     pub provider: ExecutionProvider,
     /// Run on the CPU when `provider` cannot load (logged).
     pub provider_fallback: bool,
+    /// On GPU providers, stage inputs in page-locked host memory.
+    pub pinned_input: bool,
+    /// Rewrite the graph at load time (uint8 input, top-K candidates out).
+    pub graph_rewrite: GraphRewrite,
+    /// Candidate rows per image the rewritten graph returns.
+    pub top_k: usize,
+    /// Batch sizes the model runs at, smaller batches padded up (empty: every size).
+    pub padded_batch_sizes: Vec<usize>,
+    /// One session per run batch size, so that no session's input shape ever changes
+    /// (GPU providers re-prepare their kernels on every change).
+    pub session_per_batch_size: bool,
     /// The ONNX Runtime library; `None` searches the usual places.
     pub runtime_path: Option<PathBuf>,
     pub version_policy: VersionPolicy,
@@ -93,6 +105,11 @@ impl Default for ModelSettings {
             defaults: DetectParams::default(),
             provider: ExecutionProvider::Cpu,
             provider_fallback: false,
+            pinned_input: true,
+            graph_rewrite: GraphRewrite::Auto,
+            top_k: peregrine_onnx::DEFAULT_TOP_K,
+            padded_batch_sizes: Vec::new(),
+            session_per_batch_size: false,
             runtime_path: None,
             version_policy: VersionPolicy::default(),
             model_file: "model.onnx".into(),
@@ -120,6 +137,11 @@ pub struct ModelConfigFile {
     pub version_policy: Option<VersionPolicy>,
     pub model_file: Option<String>,
     pub load_timeout_s: Option<u64>,
+    /// `auto`, `on` or `off`.
+    pub graph_rewrite: Option<String>,
+    pub top_k: Option<usize>,
+    pub padded_batch_sizes: Option<Vec<usize>>,
+    pub session_per_batch_size: Option<bool>,
     pub provider: Option<ProviderFile>,
 }
 
@@ -130,6 +152,7 @@ pub struct ProviderFile {
     /// `cpu`, `cuda` or `tensorrt`.
     pub kind: String,
     pub fallback: Option<bool>,
+    pub pinned_input: Option<bool>,
     pub device_id: i32,
     pub memory_limit: Option<usize>,
     pub cudnn_exhaustive: bool,
@@ -192,7 +215,19 @@ impl ModelSettings {
         macro_rules! take {
             ($($field:ident),*) => { $( if let Some(v) = file.$field.clone() { s.$field = v; } )* };
         }
-        take!(instances, threads, max_in_flight, version_policy, model_file);
+        take!(
+            instances,
+            threads,
+            max_in_flight,
+            version_policy,
+            model_file,
+            top_k,
+            padded_batch_sizes,
+            session_per_batch_size
+        );
+        if let Some(v) = &file.graph_rewrite {
+            s.graph_rewrite = v.parse().map_err(SettingsError)?;
+        }
         if file.spin_wait.is_some() {
             s.spin_wait = file.spin_wait;
         }
@@ -227,6 +262,9 @@ impl ModelSettings {
             s.provider = p.provider(model_dir)?;
             if let Some(f) = p.fallback {
                 s.provider_fallback = f;
+            }
+            if let Some(pinned) = p.pinned_input {
+                s.pinned_input = pinned;
             }
         }
         s.validate()?;
@@ -266,6 +304,19 @@ impl ModelSettings {
                 "preferred batch size {p} is outside 1..={} (max_batch)",
                 self.policy.max_batch
             )));
+        }
+        if let Some(p) = self
+            .padded_batch_sizes
+            .iter()
+            .find(|&&p| p == 0 || p > self.policy.max_batch)
+        {
+            return Err(SettingsError(format!(
+                "padded batch size {p} is outside 1..={} (max_batch)",
+                self.policy.max_batch
+            )));
+        }
+        if self.top_k == 0 {
+            return Err(SettingsError("top_k must be at least 1".into()));
         }
         if matches!(self.version_policy, VersionPolicy::Latest(0)) {
             return Err(SettingsError("version_policy latest must be at least 1".into()));
@@ -340,7 +391,9 @@ trt_engine_cache = "trt-cache"
         let start = readme.find(marker).expect("README has a model config example");
         let end = start + readme[start..].find("```").unwrap();
         let file = ModelConfigFile::parse(&readme[start..end]).unwrap();
-        let s = ModelSettings::default().overlay(&file, Path::new("/repo/m")).unwrap();
+        let s = ModelSettings::default()
+            .overlay(&file, Path::new("/repo/m"))
+            .unwrap();
         assert_eq!((s.policy.max_batch, s.instances), (8, 2));
         assert!(matches!(s.provider, ExecutionProvider::Cuda(_)));
     }

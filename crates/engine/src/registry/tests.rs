@@ -46,6 +46,7 @@ impl EngineLoader for FakeLoader {
                 &DetectorConfig {
                     imgsz: None,
                     max_batch,
+                    run_sizes: vec![],
                 },
             )
         };

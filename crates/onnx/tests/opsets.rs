@@ -1,0 +1,106 @@
+//! Every operator form the rewrite writes (Unsqueeze's axes as attribute before opset 13,
+//! ReduceMax's axes as input from 18) runs in ONNX Runtime and gives the host arithmetic's
+//! rows, on a synthetic "detector" whose head is its normalised input reshaped to
+//! `[N, 4 + 2, A]`. Its values come from 256 byte levels, so equal scores are everywhere:
+//! the test pins down the tie order (first class of equal scores, lower anchor first).
+
+mod common;
+
+use common::value_info as value;
+use peregrine_onnx::proto::tensor_proto::DataType;
+use peregrine_onnx::proto::*;
+use peregrine_onnx::{rewrite, OutputForm, RewriteOptions};
+use prost::Message;
+
+/// `images [N, 3, H, W]` -> `Reshape [0, 6, -1]` -> `output0 [N, 6, anchors]`, two classes.
+fn synthetic_detector(opset: i64) -> Vec<u8> {
+    let shape: Vec<u8> = [0i64, 6, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let graph = GraphProto {
+        node: vec![NodeProto {
+            input: vec!["images".into(), "shape".into()],
+            output: vec!["output0".into()],
+            name: Some("reshape".into()),
+            op_type: Some("Reshape".into()),
+            ..Default::default()
+        }],
+        name: Some("synthetic".into()),
+        initializer: vec![TensorProto {
+            dims: vec![3],
+            data_type: Some(DataType::Int64 as i32),
+            name: Some("shape".into()),
+            raw_data: Some(shape),
+            ..Default::default()
+        }],
+        input: vec![value("images", &["batch", "3", "height", "width"])],
+        output: vec![value("output0", &["batch", "6", "anchors"])],
+        ..Default::default()
+    };
+    let meta = |k: &str, v: &str| StringStringEntryProto {
+        key: Some(k.into()),
+        value: Some(v.into()),
+    };
+    ModelProto {
+        ir_version: Some(10),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
+        producer_name: Some("peregrine-onnx tests".into()),
+        graph: Some(graph),
+        metadata_props: vec![meta("names", "{0: 'a', 1: 'b'}"), meta("task", "detect")],
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// Deterministic bytes with few distinct values, so scores tie often.
+fn pixels(n: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            ((x >> 8) % 16 * 16) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn every_opset_form_gives_the_host_rows_ties_included() {
+    for opset in [12, 13, 17, 18, 21] {
+        let original = synthetic_detector(opset);
+        let options = RewriteOptions {
+            uint8_nhwc_input: true,
+            top_k: Some(20),
+        };
+        let rewritten = rewrite(&original, &options).unwrap_or_else(|e| panic!("opset {opset}: {e}"));
+        assert_eq!(
+            rewritten.output_form,
+            OutputForm::Candidates {
+                max_rows: 20,
+                num_classes: 2
+            }
+        );
+        let mut plain = common::session(&original);
+        let mut ours = common::session(&rewritten.model);
+        // 8x8: 32 anchors (k = 20); 2x4: 4 anchors (k = 4, fewer than asked for).
+        for (h, w, k) in [(8, 8, 20), (2, 4, 4)] {
+            let (n, hw) = (3, h * w);
+            let bytes = pixels(n * hw * 3, 7 + opset as u32);
+            let mut planar = vec![0f32; n * 3 * hw];
+            for (img, out) in bytes.chunks_exact(hw * 3).zip(planar.chunks_exact_mut(3 * hw)) {
+                peregrine_vision::normalize::rgb8_to_planar_f32(img, out);
+            }
+            let p = common::run_f32(&mut plain, [n, 3, h, w], &planar);
+            let o = common::run_u8(&mut ours, [n, h, w, 3], &bytes);
+            assert_eq!(o.shape, [n, k, 6], "opset {opset} {h}x{w}");
+            let per_image = p.data.len() / n;
+            for (i, head) in p.data.chunks_exact(per_image).enumerate() {
+                let expected: Vec<f32> = common::expected_rows(head, 2, k).concat();
+                let got = &o.data[i * k * 6..(i + 1) * k * 6];
+                assert_eq!(got, &expected[..], "opset {opset} {h}x{w} image {i}");
+            }
+        }
+    }
+}
