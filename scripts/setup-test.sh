@@ -3,7 +3,9 @@
 # - a Python virtual environment in .cache/venv with Triton's own clients (tritonclient
 #   HTTP and gRPC), pytest and Pillow, pinned in tests/triton/requirements.txt;
 # - perf_analyzer 2.60.0 (PyPI) in .cache/perf-analyzer, runnable here through a private
-#   newer glibc (scripts/fetch-perf-analyzer.sh).
+#   newer glibc (scripts/fetch-perf-analyzer.sh);
+# - the video tests' RTSP server (GStreamer), MQTT broker (mosquitto) and H.265 test clip
+#   (scripts/setup-video-peers.sh).
 # Idempotent: reinstalls the environment only when the requirements change.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,3 +31,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 ./scripts/fetch-perf-analyzer.sh .cache/perf-analyzer >/dev/null
+./scripts/setup-video-peers.sh

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything a fresh Debian/Ubuntu machine with Rust needs before `cargo build`:
-# - system packages: cmake and nasm (libjpeg-turbo is built from source and linked
-#   statically), python3-pip and unzip (to fetch ONNX Runtime from PyPI), curl (scripts);
-# - the pinned ONNX Runtime library, into .cache/onnxruntime/.
+# - system packages: cmake and nasm (libjpeg-turbo and FFmpeg are built from source and
+#   linked statically), make, xz, pkg-config and libclang (FFmpeg's build and its Rust
+#   bindings), python3-pip and unzip (to fetch ONNX Runtime from PyPI), curl (scripts);
+# - the pinned ONNX Runtime library, into .cache/onnxruntime/;
+# - a minimal static FFmpeg for video decoding, into .cache/ffmpeg/ (scripts/fetch-ffmpeg.sh).
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,6 +17,10 @@ command -v nasm >/dev/null 2>&1 || missing+=(nasm)
 command -v unzip >/dev/null 2>&1 || missing+=(unzip)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+command -v make >/dev/null 2>&1 || missing+=(make)
+command -v xz >/dev/null 2>&1 || missing+=(xz-utils)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+dpkg-query -W -f='${Status}' libclang-dev 2>/dev/null | grep -q "install ok installed" || missing+=(libclang-dev)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
@@ -23,3 +29,4 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 "$root/scripts/fetch-onnxruntime.sh"
+"$root/scripts/fetch-ffmpeg.sh"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite: every crate's unit tests and the integration tests (which start the real
 # binary and server), then Triton's own clients and perf_analyzer against the real server
-# (tests/triton, with the environment scripts/setup-test.sh prepares). Ends with one
+# (tests/triton) and the video pipeline end to end against real cameras and an MQTT broker
+# (tests/video), with the environment scripts/setup-test.sh prepares. Ends with one
 # summary line, "N passed, N failed, N skipped".
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,7 +13,7 @@ trap 'rm -f "$log" "$pylog"' EXIT
 cargo test --workspace --locked "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 # The client suite runs the debug binary the integration tests just built.
-PEREGRINE_BIN="$root/target/debug/peregrine" .cache/venv/bin/python -m pytest -q -p no:cacheprovider tests/triton 2>&1 | tee "$pylog"
+PEREGRINE_BIN="$root/target/debug/peregrine" .cache/venv/bin/python -m pytest -q -p no:cacheprovider tests/triton tests/video 2>&1 | tee "$pylog"
 pystatus=${PIPESTATUS[0]}
 awk -v py="$(tail -n 1 "$pylog")" '
     /^test result:/ { p += $4; f += $6; s += $8 }

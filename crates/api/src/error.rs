@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use peregrine_engine::registry::{LookupError, RegistryError, StoreError};
 use peregrine_engine::RequestError;
 use peregrine_types::ParamsError;
+use peregrine_video::ManagerError;
 use peregrine_vision::DecodeError;
 
 use crate::wire::{ErrorBody, ErrorDetail};
@@ -33,6 +34,8 @@ pub enum ApiError {
     Lookup(#[from] LookupError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Stream(#[from] ManagerError),
     #[error("no such route; see /openapi.json")]
     NotFound,
     #[error("not ready: {0}")]
@@ -79,6 +82,13 @@ impl ApiError {
             Self::Lookup(LookupError::NotReady { .. }) | Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Lookup(_) | Self::NotFound => StatusCode::NOT_FOUND,
             Self::Registry(e) => Self::registry_status(e),
+            Self::Stream(e) => match e {
+                ManagerError::Duplicate(_) => StatusCode::CONFLICT,
+                ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
+                ManagerError::Config(_) => StatusCode::BAD_REQUEST,
+                ManagerError::Start { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                ManagerError::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
+            },
         }
     }
 
@@ -111,6 +121,13 @@ impl ApiError {
                 RegistryError::Store(StoreError::Io(_)) => Code::Internal,
                 RegistryError::Stopped => Code::Unavailable,
             },
+            Self::Stream(e) => match e {
+                ManagerError::Duplicate(_) => Code::AlreadyExists,
+                ManagerError::NotFound(_) => Code::NotFound,
+                ManagerError::Config(_) => Code::InvalidArgument,
+                ManagerError::Start { .. } => Code::FailedPrecondition,
+                ManagerError::ShutDown => Code::Unavailable,
+            },
         }
     }
 
@@ -137,6 +154,9 @@ impl ApiError {
             Self::Lookup(_) => "unknown_model",
             Self::Registry(RegistryError::LoadFailed { .. }) => "load_failed",
             Self::Registry(_) => "repository_error",
+            Self::Stream(ManagerError::Duplicate(_)) => "stream_exists",
+            Self::Stream(ManagerError::NotFound(_)) => "unknown_stream",
+            Self::Stream(_) => "stream_error",
             Self::NotFound => "not_found",
             Self::NotReady(_) => "not_ready",
         }

@@ -6,6 +6,8 @@
 //! - `kserve`: the KServe v2 / Open Inference Protocol over REST with Triton's extensions
 //!   (binary tensors, configuration, statistics, repository); `grpc`: the same protocol as
 //!   Triton's `GRPCInferenceService`, plus gRPC health, served on its own port.
+//! - `streams`: video streams managed at run time (`/v1/streams`) and their detections
+//!   pushed live over Server-Sent Events and WebSockets.
 //! - `body`: reading bodies under the size and time limits; each request's deadline.
 //! - `health`: liveness, readiness (every engine warmed up, not draining), `/metrics`.
 //! - `error`: [`ApiError`], the single mapping from engine and registry errors to HTTP
@@ -19,6 +21,7 @@ mod error;
 pub mod grpc;
 mod health;
 mod kserve;
+mod streams;
 mod wire;
 
 use std::sync::atomic::AtomicBool;
@@ -56,6 +59,8 @@ pub struct AppState {
     pub default_model: Option<String>,
     pub config: ApiConfig,
     pub metrics: PrometheusHandle,
+    /// The video streams and their detections.
+    pub streams: peregrine_video::StreamManagerHandle,
     /// Set when shutdown begins: readiness turns false so load balancers move away.
     pub draining: Arc<AtomicBool>,
 }
@@ -104,6 +109,12 @@ pub fn install_metrics_recorder() -> Result<PrometheusHandle, String> {
                 telemetry::BATCH_BUCKETS,
             )
         })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(peregrine_video::telemetry::GLASS_TO_RESULT.into()),
+                peregrine_video::telemetry::GLASS_TO_RESULT_BUCKETS,
+            )
+        })
         .and_then(|b| b.install_recorder())
         .map_err(|e| e.to_string())
 }
@@ -120,6 +131,12 @@ pub fn router(state: AppState) -> Router {
             "/openapi.json",
             get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         )
+        .route("/v1/streams", get(streams::list).post(streams::add))
+        .route("/v1/streams/events", get(streams::events_all))
+        .route("/v1/streams/ws", get(streams::ws_all))
+        .route("/v1/streams/{name}", get(streams::status).delete(streams::remove))
+        .route("/v1/streams/{name}/events", get(streams::events_one))
+        .route("/v1/streams/{name}/ws", get(streams::ws_one))
         .merge(kserve::routes())
         .fallback(|| async { ApiError::NotFound })
         .with_state(state)
@@ -139,6 +156,10 @@ mod tests {
             "/health/ready",
             "/metrics",
             "/openapi.json",
+            "/v1/streams",
+            "/v1/streams/{name}",
+            "/v1/streams/events",
+            "/v1/streams/{name}/ws",
             "/v2",
             "/v2/health/ready",
             "/v2/models/{m}/infer",

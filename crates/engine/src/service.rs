@@ -355,9 +355,66 @@ impl Engine {
         Ok(())
     }
 
+    /// Detects objects in a frame already decoded (a video frame: packed RGB8 rows of
+    /// `stride` bytes). Letterboxing runs on the preprocessing pool, after which `frame` is
+    /// dropped (a pooled buffer goes back to its pool before the model runs). Batched with
+    /// every other request to this engine.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn detect_frame<F>(
+        &self,
+        _permit: &AdmissionPermit,
+        frame: F,
+        width: usize,
+        height: usize,
+        stride: usize,
+        params: DetectParams,
+        deadline: Instant,
+    ) -> Result<ImageResult, RequestError>
+    where
+        F: AsRef<[u8]> + Send + 'static,
+    {
+        let started = Instant::now();
+        let outcome = self
+            .preprocess_and_detect(
+                move |shared| {
+                    let view = ImageView {
+                        data: frame.as_ref(),
+                        width,
+                        height,
+                        stride,
+                    };
+                    if width == 0
+                        || height == 0
+                        || stride < width * 3
+                        || view.data.len() < stride * (height - 1) + width * 3
+                    {
+                        return Err(RequestError::BadImage(peregrine_vision::DecodeError::Empty));
+                    }
+                    Ok(letterbox_into_pool(shared, view))
+                },
+                params,
+                deadline,
+            )
+            .await;
+        self.finish(started, &outcome);
+        outcome
+    }
+
     async fn detect_inner(
         &self,
         image: Bytes,
+        params: DetectParams,
+        deadline: Instant,
+    ) -> Result<ImageResult, RequestError> {
+        self.preprocess_and_detect(move |shared| prepare(shared, &image), params, deadline)
+            .await
+    }
+
+    /// Runs `prepare` (decode and letterbox) on the bounded preprocessing pool, then queues
+    /// the canvas and waits for its detections; nothing is done past the deadline.
+    async fn preprocess_and_detect(
+        &self,
+        prepare: impl FnOnce(&Shared) -> Result<(Vec<u8>, Letterbox, u32, u32), RequestError> + Send + 'static,
         params: DetectParams,
         deadline: Instant,
     ) -> Result<ImageResult, RequestError> {
@@ -373,10 +430,9 @@ impl Engine {
         }
         let shared = self.shared.clone();
         let started = Instant::now();
-        let (canvas, letterbox, width, height) =
-            tokio::task::spawn_blocking(move || prepare(&shared, &image))
-                .await
-                .map_err(|e| RequestError::Inference(format!("the decoder task failed: {e}")))??;
+        let (canvas, letterbox, width, height) = tokio::task::spawn_blocking(move || prepare(&shared))
+            .await
+            .map_err(|e| RequestError::Inference(format!("the decoder task failed: {e}")))??;
         drop(slot);
         let decode = started.elapsed();
         if Instant::now() >= deadline {
@@ -465,16 +521,15 @@ impl Engine {
 /// Decode and letterbox on the blocking pool, into a pooled canvas.
 fn prepare(shared: &Shared, image: &[u8]) -> Result<(Vec<u8>, Letterbox, u32, u32), RequestError> {
     let decoded = decode_image(image, shared.config.decode_limits)?;
+    Ok(letterbox_into_pool(shared, ImageView::from(&decoded.rgb)))
+}
+
+/// Letterboxes `image` into a pooled canvas, with this thread's scratch.
+fn letterbox_into_pool(shared: &Shared, image: ImageView<'_>) -> (Vec<u8>, Letterbox, u32, u32) {
     let mut canvas = shared.buffers.pop().unwrap_or_default();
-    let letterbox = SCRATCH.with(|s| {
-        Detector::prepare(
-            &shared.spec,
-            ImageView::from(&decoded.rgb),
-            &mut s.borrow_mut(),
-            &mut canvas,
-        )
-    });
-    Ok((canvas, letterbox, decoded.width(), decoded.height()))
+    let letterbox =
+        SCRATCH.with(|s| Detector::prepare(&shared.spec, image, &mut s.borrow_mut(), &mut canvas));
+    (canvas, letterbox, image.width as u32, image.height as u32)
 }
 
 #[cfg(test)]

@@ -288,3 +288,29 @@ async fn a_failed_warm_up_is_reported_with_its_reason() {
     assert!(err.to_string().contains("out of memory"), "{err}");
     assert!(!engine.is_ready());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decoded_frames_with_padded_rows_are_detected_and_bad_ones_refused() {
+    let (engine, computed) = start(1, 4, 4, 4);
+    ready(&engine).await;
+    // 32x32 RGB with rows padded to 128 bytes, as a video decoder lays them out.
+    let stride = 128;
+    let mut frame = vec![0u8; stride * 32];
+    for row in frame.chunks_mut(stride) {
+        for px in row[..96].chunks_mut(3) {
+            px[0] = 11;
+        }
+    }
+    let p = engine.try_admit().unwrap();
+    let r = engine
+        .detect_frame(&p, frame, 32, 32, stride, DetectParams::default(), far())
+        .await
+        .unwrap();
+    assert_eq!((r.width, r.height, r.detections[0].class_id), (32, 32, 11));
+    let err = engine
+        .detect_frame(&p, vec![0u8; 10], 32, 32, 96, DetectParams::default(), far())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RequestError::BadImage(_)), "{err}");
+    assert_eq!(*computed.lock().unwrap(), [11]);
+}

@@ -11,6 +11,7 @@ mod provider_args;
 mod report;
 mod serve;
 mod serve_config;
+mod video;
 
 use std::process::ExitCode;
 

@@ -12,8 +12,12 @@ use peregrine_engine::registry::{
     Startup, Weights,
 };
 use peregrine_engine::BatchPolicy;
+use peregrine_video::sinks::ConfiguredSinks;
+use peregrine_video::{ManagerOptions, StreamManager, VideoConfig};
 use peregrine_vision::DecodeLimits;
 use tokio::sync::watch;
+
+use crate::video::EngineFrames;
 
 use crate::model::EMBEDDED_MODEL;
 use crate::serve_config::{ServeArgs, ServeSettings};
@@ -125,9 +129,24 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<tokio::net::TcpListen
 async fn serve(s: ServeSettings) -> Result<ExitCode> {
     let metrics = peregrine_api::install_metrics_recorder().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
     let registry = ModelRegistry::start(registry_config(&s), Arc::new(OrtLoader));
+    let video = VideoConfig {
+        streams: s.streams.clone(),
+        mqtt: s.mqtt.clone(),
+        webhooks: s.webhooks.clone(),
+    };
+    let sinks = ConfiguredSinks::start(&video).context("starting the video sinks")?;
+    let mut options = ManagerOptions::new(Arc::new(EngineFrames {
+        registry: registry.clone(),
+        model: s.stream_model.clone(),
+    }));
+    options.sinks = sinks.queues();
+    let streams = StreamManager::start(options, video.streams.clone())
+        .await
+        .context("starting the video streams")?;
     let draining = Arc::new(AtomicBool::new(false));
     let state = AppState {
         registry: registry.clone(),
+        streams: streams.clone(),
         default_model: s.default_model.clone(),
         config: ApiConfig {
             max_body_bytes: s.max_body_bytes,
@@ -184,6 +203,15 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
             let _ = stop_tx.send(true);
         });
     }
+    {
+        // Streams stop as soon as shutdown begins: their event feeds (SSE) end, so the HTTP
+        // drain does not wait on them, and no new frames reach the engines.
+        let (streams, mut stop) = (streams.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+            let _ = streams.shutdown().await;
+        });
+    }
     let grpc = grpc_listener.map(|l| {
         let mut stop = stop_rx.clone();
         let shutdown = async move {
@@ -210,7 +238,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
     };
     let mut timer = stop_rx;
     let bound = Duration::from_secs(s.shutdown_timeout_s);
-    tokio::select! {
+    let outcome = tokio::select! {
         result = both => {
             result?;
             if failed_start.load(Ordering::Relaxed) {
@@ -223,7 +251,10 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
             tracing::warn!(seconds = bound.as_secs(), "in-flight requests did not finish within the shutdown timeout; exiting anyway");
             Ok(ExitCode::FAILURE)
         }
-    }
+    };
+    // The sinks flush what the stopped streams left (MQTT then says `offline`).
+    sinks.shut_down().await;
+    outcome
 }
 
 async fn wait_for_signal() {

@@ -43,6 +43,14 @@ pub struct ServeSettings {
     pub shutdown_timeout_s: u64,
     pub malloc_mmap_threshold: usize,
     pub ort_lib: Option<PathBuf>,
+    /// Model the video streams' frames go to [default: the only model].
+    pub stream_model: Option<String>,
+    /// Video streams started with the server (`[[streams]]`; more can be added at run time).
+    pub streams: Vec<peregrine_video::StreamConfig>,
+    /// MQTT broker the streams' detections are published to (`[mqtt]`).
+    pub mqtt: Option<peregrine_video::sinks::mqtt::MqttConfig>,
+    /// HTTP endpoints the streams' detections are POSTed to (`[[webhooks]]`).
+    pub webhooks: Vec<peregrine_video::sinks::webhook::WebhookConfig>,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -84,6 +92,10 @@ impl Default for ServeSettings {
             shutdown_timeout_s: 30,
             malloc_mmap_threshold: 1 << 20,
             ort_lib: None,
+            stream_model: None,
+            streams: Vec::new(),
+            mqtt: None,
+            webhooks: Vec::new(),
             provider: Default::default(),
         }
     }
@@ -132,6 +144,11 @@ pub struct ServeArgs {
     /// wait for a load request [default: every model].
     #[arg(long, env = "PEREGRINE_LOAD_MODEL", value_delimiter = ',')]
     pub load_model: Option<Vec<String>>,
+    /// Model the video streams' frames go to [default: the only model]. Streams themselves
+    /// are defined in the config file (`[[streams]]`) or added at run time (POST
+    /// /v1/streams).
+    #[arg(long, env = "PEREGRINE_STREAM_MODEL")]
+    pub stream_model: Option<String>,
     /// Model of /v1/detect requests that name none [default: the only model, when there is
     /// one].
     #[arg(long, env = "PEREGRINE_DEFAULT_MODEL")]
@@ -372,6 +389,21 @@ mod tests {
         let end = start + readme[start..].find("```").unwrap();
         let parsed: ServeSettings = toml::from_str(&readme[start..end]).unwrap();
         assert_eq!((parsed.port, parsed.max_batch), (8080, 4));
+    }
+
+    #[test]
+    fn the_readme_video_example_is_a_valid_config() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("stream_model = ")
+            .expect("README has a video example");
+        let end = start + readme[start..].find("```").unwrap();
+        let parsed: ServeSettings = toml::from_str(&readme[start..end]).unwrap();
+        assert_eq!(parsed.streams.len(), 1);
+        assert_eq!(parsed.streams[0].fps, Some(5.0));
+        parsed.streams[0].validate().unwrap();
+        assert_eq!(parsed.mqtt.unwrap().topic_prefix, "peregrine");
+        assert_eq!(parsed.webhooks.len(), 1);
     }
 
     #[test]

@@ -1,0 +1,348 @@
+//! Stream definitions as the configuration file (TOML, `[[streams]]`) or a runtime request
+//! gives them. Every default lives here, on the field it belongs to.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::backoff::BackoffPolicy;
+use crate::sinks::mqtt::MqttConfig;
+use crate::sinks::webhook::WebhookConfig;
+use crate::source::file::{FileOpener, Pacing};
+use crate::source::rtsp::{RtspOpener, RtspTransport};
+use crate::source::Opener;
+
+/// The video section of the server's configuration.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VideoConfig {
+    #[serde(default)]
+    pub streams: Vec<StreamConfig>,
+    pub mqtt: Option<MqttConfig>,
+    #[serde(default)]
+    pub webhooks: Vec<WebhookConfig>,
+}
+
+/// One camera or file.
+///
+/// ```toml
+/// [[streams]]
+/// name = "cam1"
+/// url = "rtsp://user:pass@10.0.0.5/stream1"
+/// transport = "tcp"
+/// fps = 5
+/// ```
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StreamConfig {
+    /// Identifies the stream in the API, metrics and MQTT topics: letters, digits, `-`, `_`.
+    pub name: String,
+    /// `rtsp://[user:pass@]host[:port]/path`, or an mp4 file as `file:///path` or a path.
+    pub url: String,
+    /// RTP transport for RTSP streams.
+    #[serde(default)]
+    pub transport: RtspTransport,
+    /// Frames per second handed to detection; absent or 0 for every frame.
+    #[serde(default)]
+    pub fps: Option<f64>,
+    /// A frame not yet given to the detector this long after it arrived is dropped unrun.
+    #[serde(default = "defaults::staleness_ms")]
+    pub staleness_ms: u64,
+    /// Limit on DESCRIBE + SETUP + PLAY (or opening a file).
+    #[serde(default = "defaults::connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// A connection that yields no frame for this long is dropped and reopened.
+    #[serde(default = "defaults::frame_timeout_ms")]
+    pub frame_timeout_ms: u64,
+    /// FFmpeg frame threads for this stream's decoder (each adds a frame of latency).
+    #[serde(default = "defaults::decode_threads")]
+    pub decode_threads: usize,
+    /// Access units queued for the decode thread before the source skips to a key frame.
+    #[serde(default = "defaults::decode_queue")]
+    pub decode_queue: usize,
+    /// Decoded frames alive at once (slot, detection, conversion, detector's batch).
+    #[serde(default = "defaults::frame_pool")]
+    pub frame_pool: usize,
+    #[serde(default)]
+    pub backoff: BackoffConfig,
+    /// Files only: start again at the end.
+    #[serde(default, rename = "loop")]
+    pub looped: bool,
+    /// Files only: release frames at the clip's rate (`true`, like a camera) or as fast as
+    /// they are consumed (`false`).
+    #[serde(default = "defaults::yes")]
+    pub realtime: bool,
+}
+
+impl std::fmt::Debug for StreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // By hand, so a password in the URL never reaches a log line.
+        f.debug_struct("StreamConfig")
+            .field("name", &self.name)
+            .field("url", &redact_url(&self.url))
+            .field("transport", &self.transport)
+            .field("fps", &self.fps)
+            .field("staleness_ms", &self.staleness_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("frame_timeout_ms", &self.frame_timeout_ms)
+            .field("decode_threads", &self.decode_threads)
+            .field("decode_queue", &self.decode_queue)
+            .field("frame_pool", &self.frame_pool)
+            .field("backoff", &self.backoff)
+            .field("looped", &self.looped)
+            .field("realtime", &self.realtime)
+            .finish()
+    }
+}
+
+/// `url` with any password replaced by `REDACTED`.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("REDACTED"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Reconnect schedule (see [`BackoffPolicy`]).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackoffConfig {
+    pub initial_ms: u64,
+    pub max_ms: u64,
+    pub multiplier: f64,
+    pub jitter: f64,
+    pub reset_after_ms: u64,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        let p = BackoffPolicy::default();
+        Self {
+            initial_ms: p.initial.as_millis() as u64,
+            max_ms: p.max.as_millis() as u64,
+            multiplier: p.multiplier,
+            jitter: p.jitter,
+            reset_after_ms: p.reset_after.as_millis() as u64,
+        }
+    }
+}
+
+impl From<&BackoffConfig> for BackoffPolicy {
+    fn from(c: &BackoffConfig) -> Self {
+        Self {
+            initial: Duration::from_millis(c.initial_ms),
+            max: Duration::from_millis(c.max_ms.max(c.initial_ms)),
+            multiplier: c.multiplier,
+            jitter: c.jitter,
+            reset_after: Duration::from_millis(c.reset_after_ms),
+        }
+    }
+}
+
+mod defaults {
+    pub fn staleness_ms() -> u64 {
+        1000
+    }
+    pub fn connect_timeout_ms() -> u64 {
+        10_000
+    }
+    pub fn frame_timeout_ms() -> u64 {
+        5_000
+    }
+    pub fn decode_threads() -> usize {
+        2
+    }
+    pub fn decode_queue() -> usize {
+        32
+    }
+    pub fn frame_pool() -> usize {
+        4
+    }
+    pub fn yes() -> bool {
+        true
+    }
+}
+
+/// A stream definition that cannot work, with what to change.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("stream {name:?}: {problem}")]
+pub struct ConfigError {
+    pub name: String,
+    pub problem: String,
+}
+
+impl StreamConfig {
+    /// A stream with every default, for code that builds configurations itself.
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            url: url.into(),
+            transport: RtspTransport::default(),
+            fps: None,
+            staleness_ms: defaults::staleness_ms(),
+            connect_timeout_ms: defaults::connect_timeout_ms(),
+            frame_timeout_ms: defaults::frame_timeout_ms(),
+            decode_threads: defaults::decode_threads(),
+            decode_queue: defaults::decode_queue(),
+            frame_pool: defaults::frame_pool(),
+            backoff: BackoffConfig::default(),
+            looped: false,
+            realtime: true,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |problem: String| {
+            Err(ConfigError {
+                name: self.name.clone(),
+                problem,
+            })
+        };
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !name_ok {
+            return fail("name must be 1-64 letters, digits, '-' or '_' (it is used in MQTT topics)".into());
+        }
+        if let Some(fps) = self.fps {
+            if !fps.is_finite() || fps < 0.0 {
+                return fail(format!(
+                    "fps must be a positive number or 0 for every frame, not {fps}"
+                ));
+            }
+        }
+        if self.staleness_ms == 0 || self.connect_timeout_ms == 0 || self.frame_timeout_ms == 0 {
+            return fail("staleness_ms, connect_timeout_ms and frame_timeout_ms must be over 0".into());
+        }
+        if self.frame_pool < 2 {
+            return fail("frame_pool must be at least 2 (one frame in detection, one arriving)".into());
+        }
+        let b = &self.backoff;
+        let multiplier_ok = b.multiplier.is_finite() && b.multiplier >= 1.0;
+        if b.initial_ms == 0 || !multiplier_ok || !(0.0..=1.0).contains(&b.jitter) {
+            return fail("backoff needs initial_ms > 0, multiplier >= 1 and jitter in 0..=1".into());
+        }
+        self.opener().map(|_| ())
+    }
+
+    /// The opener for this stream's URL.
+    pub fn opener(&self) -> Result<Arc<dyn Opener>, ConfigError> {
+        let fail = |problem: String| ConfigError {
+            name: self.name.clone(),
+            problem,
+        };
+        if self.url.starts_with("rtsp://") {
+            let url = url::Url::parse(&self.url).map_err(|e| fail(format!("bad RTSP URL: {e}")))?;
+            return Ok(Arc::new(RtspOpener::new(
+                url,
+                self.transport,
+                self.decode_threads,
+            )));
+        }
+        if self.url.contains("://") && !self.url.starts_with("file://") {
+            return Err(fail(
+                "url must start with rtsp:// or be an mp4 file (file:///path or a path); rtsps is not supported"
+                    .into(),
+            ));
+        }
+        let path = match self.url.strip_prefix("file://") {
+            Some(p) => PathBuf::from(p),
+            None => PathBuf::from(&self.url),
+        };
+        Ok(Arc::new(FileOpener {
+            path,
+            looped: self.looped,
+            pacing: if self.realtime {
+                Pacing::Realtime
+            } else {
+                Pacing::AsFastAsPossible
+            },
+            decode_threads: self.decode_threads,
+        }))
+    }
+
+    /// The same definition with any password in the URL replaced, safe to show.
+    pub fn redacted(&self) -> Self {
+        Self {
+            url: redact_url(&self.url),
+            ..self.clone()
+        }
+    }
+
+    pub fn staleness(&self) -> Duration {
+        Duration::from_millis(self.staleness_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_toml_with_defaults() {
+        let text = r#"
+            [[streams]]
+            name = "cam1"
+            url = "rtsp://user:pass@127.0.0.1:8554/cam"
+            transport = "udp"
+            fps = 5
+
+            [[streams]]
+            name = "demo"
+            url = "/work/shared/videos/bikes.mp4"
+            loop = true
+            realtime = false
+            backoff = { initial_ms = 100, max_ms = 2000 }
+
+            [mqtt]
+            host = "127.0.0.1"
+            port = 1883
+
+            [[webhooks]]
+            url = "http://127.0.0.1:9000/hook"
+        "#;
+        let cfg: VideoConfig = toml::from_str(text).unwrap();
+        assert_eq!(cfg.streams.len(), 2);
+        let cam = &cfg.streams[0];
+        assert_eq!(cam.transport, RtspTransport::Udp);
+        assert_eq!(cam.fps, Some(5.0));
+        assert_eq!(cam.staleness_ms, 1000);
+        cam.validate().unwrap();
+        assert!(!cam.opener().unwrap().describe().contains("pass"));
+        assert!(!format!("{cam:?}").contains("pass") && !cam.redacted().url.contains("pass"));
+        assert!(cam.redacted().url.contains("user:REDACTED@"));
+        let demo = &cfg.streams[1];
+        assert!(demo.looped && !demo.realtime);
+        assert_eq!(demo.backoff.max_ms, 2000);
+        assert_eq!(
+            demo.backoff.multiplier, 2.0,
+            "unspecified backoff fields keep defaults"
+        );
+        assert_eq!(cfg.mqtt.unwrap().port, 1883);
+        assert_eq!(cfg.webhooks.len(), 1);
+    }
+
+    #[test]
+    fn rejects_bad_definitions_with_a_reason() {
+        let mut c = StreamConfig::new("cam 1", "rtsp://h/x");
+        assert!(c.validate().unwrap_err().problem.contains("letters"));
+        c.name = "cam1".into();
+        c.url = "http://h/x".into();
+        assert!(c.validate().unwrap_err().problem.contains("rtsp://"));
+        c.url = "rtsp://h/x".into();
+        c.fps = Some(-1.0);
+        assert!(c.validate().is_err());
+        c.fps = Some(0.0);
+        c.validate().unwrap();
+        let unknown: Result<VideoConfig, _> = toml::from_str("[[streams]]\nname='a'\nurl='x'\nfsp=5\n");
+        assert!(unknown.is_err(), "typos are errors, not silently ignored");
+    }
+}

@@ -1,0 +1,248 @@
+//! One OS thread per stream runs its decoder, so decoding never blocks a tokio worker. The
+//! thread decodes every access unit (inter frames need their references), converts to RGB
+//! only the frames the sampler keeps, and puts each into the stream's latest-frame slot.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::mpsc::{self, error::TrySendError, Receiver, Sender};
+
+use tokio::time::Instant;
+
+use super::{DecodedPicture, DecoderConfig, VideoDecoder};
+use crate::frame::{CaptureTime, ClockSource, Frame, FrameMeta, FramePool, Pts};
+use crate::latest::LatestSlot;
+use crate::sampling::FrameSampler;
+use crate::source::{EncodedFrame, SourceError};
+use crate::telemetry::{DropReason, StreamCounters};
+
+static LIVE_DECODE_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Decode threads running in this process (tests check that removed streams end theirs).
+pub fn live_decode_threads() -> usize {
+    LIVE_DECODE_THREADS.load(Ordering::Acquire)
+}
+
+/// Timestamps of access units waiting for their pictures (the decoder holds a few for
+/// reordering and frame threading); more than this means pictures were lost, and the
+/// oldest entries are forgotten.
+const MAX_PENDING_TIMESTAMPS: usize = 128;
+
+/// Messages to a decode thread.
+#[derive(Debug)]
+pub enum DecodeInput {
+    /// (Re)open the decoder: a new connection or new stream parameters.
+    Open(DecoderConfig),
+    Frame(EncodedFrame),
+}
+
+#[derive(Debug, Clone)]
+pub struct DecodeWorkerConfig {
+    pub stream: Arc<str>,
+    /// Target rate of frames handed to detection; `None` for every frame.
+    pub fps: Option<f64>,
+    /// Access units queued for the thread. When full, a live source's task does not wait:
+    /// it drops access units up to the next key frame (counted as `decoder_behind`),
+    /// because a live camera does not slow down for us and inter frames are useless
+    /// without the frames before them. A source read as fast as possible waits instead.
+    pub queue: usize,
+    pub pool: FramePool,
+}
+
+/// The source side's handle to a stream's decode thread.
+#[derive(Debug)]
+pub struct DecodeWorker {
+    tx: Option<Sender<DecodeInput>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    skipping_to_key: bool,
+    counters: Arc<StreamCounters>,
+}
+
+impl DecodeWorker {
+    /// Starts the thread. It closes `slot` when it ends, which ends the stream's detection.
+    pub fn spawn(
+        config: DecodeWorkerConfig,
+        slot: Arc<LatestSlot<Frame>>,
+        counters: Arc<StreamCounters>,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel(config.queue.max(1));
+        let thread_counters = counters.clone();
+        LIVE_DECODE_THREADS.fetch_add(1, Ordering::AcqRel);
+        let spawned = std::thread::Builder::new()
+            .name(format!("decode-{}", config.stream))
+            .spawn(move || {
+                let mut thread = DecodeThread::new(config, slot, thread_counters);
+                thread.run(rx);
+                thread.slot.close();
+                LIVE_DECODE_THREADS.fetch_sub(1, Ordering::AcqRel);
+            });
+        let thread = match spawned {
+            Ok(t) => t,
+            Err(e) => {
+                LIVE_DECODE_THREADS.fetch_sub(1, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            tx: Some(tx),
+            thread: Some(thread),
+            skipping_to_key: false,
+            counters,
+        })
+    }
+
+    /// Asks for the decoder to be (re)opened. Waits for room, as the command must not be
+    /// lost; the thread drains its queue quickly.
+    pub async fn open(&mut self, config: DecoderConfig) -> Result<(), SourceError> {
+        let tx = self.tx.as_ref().ok_or(SourceError::DecoderGone)?;
+        tx.send(DecodeInput::Open(config))
+            .await
+            .map_err(|_| SourceError::DecoderGone)?;
+        // A new decoder must start on a key frame.
+        self.skipping_to_key = true;
+        Ok(())
+    }
+
+    /// Hands over an access unit, waiting for room: for sources that go as fast as the
+    /// decoder does.
+    pub async fn push_waiting(&mut self, frame: EncodedFrame) -> Result<(), SourceError> {
+        if self.skipping_to_key && !frame.is_key {
+            self.counters.dropped(DropReason::DecoderBehind);
+            return Ok(());
+        }
+        let tx = self.tx.as_ref().ok_or(SourceError::DecoderGone)?;
+        tx.send(DecodeInput::Frame(frame))
+            .await
+            .map_err(|_| SourceError::DecoderGone)?;
+        self.skipping_to_key = false;
+        Ok(())
+    }
+
+    /// Hands over an access unit without waiting (see [`DecodeWorkerConfig::queue`]).
+    pub fn push(&mut self, frame: EncodedFrame) -> Result<(), SourceError> {
+        if self.skipping_to_key && !frame.is_key {
+            self.counters.dropped(DropReason::DecoderBehind);
+            return Ok(());
+        }
+        let tx = self.tx.as_ref().ok_or(SourceError::DecoderGone)?;
+        match tx.try_send(DecodeInput::Frame(frame)) {
+            Ok(()) => {
+                self.skipping_to_key = false;
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => {
+                self.counters.dropped(DropReason::DecoderBehind);
+                self.skipping_to_key = true;
+                Ok(())
+            }
+            Err(TrySendError::Closed(_)) => Err(SourceError::DecoderGone),
+        }
+    }
+
+    /// Closes the input and waits (on the blocking pool) for the thread to finish.
+    pub async fn shut_down(mut self) {
+        self.tx = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+struct DecodeThread {
+    config: DecodeWorkerConfig,
+    slot: Arc<LatestSlot<Frame>>,
+    counters: Arc<StreamCounters>,
+    sampler: FrameSampler,
+    decoder: Option<VideoDecoder>,
+    pending: BTreeMap<i64, CaptureTime>,
+    next_seq: u64,
+}
+
+impl DecodeThread {
+    fn new(config: DecodeWorkerConfig, slot: Arc<LatestSlot<Frame>>, counters: Arc<StreamCounters>) -> Self {
+        Self {
+            sampler: FrameSampler::new(config.fps),
+            config,
+            slot,
+            counters,
+            decoder: None,
+            pending: BTreeMap::new(),
+            next_seq: 0,
+        }
+    }
+
+    fn run(&mut self, mut rx: Receiver<DecodeInput>) {
+        while let Some(input) = rx.blocking_recv() {
+            match input {
+                DecodeInput::Open(config) => self.open(&config),
+                DecodeInput::Frame(frame) => self.decode(frame),
+            }
+        }
+    }
+
+    fn open(&mut self, config: &DecoderConfig) {
+        // The previous connection's pictures still in the old decoder are stale: drop them.
+        self.decoder = None;
+        self.pending.clear();
+        match VideoDecoder::open(config) {
+            Ok(d) => self.decoder = Some(d),
+            Err(e) => tracing::warn!(stream = %self.config.stream, error = %e, "cannot open decoder"),
+        }
+    }
+
+    fn decode(&mut self, frame: EncodedFrame) {
+        let Some(mut decoder) = self.decoder.take() else {
+            self.counters.dropped(DropReason::DecodeError);
+            return;
+        };
+        self.pending.insert(frame.pts_90k, frame.capture);
+        while self.pending.len() > MAX_PENDING_TIMESTAMPS {
+            self.pending.pop_first();
+        }
+        let result = decoder.decode(&frame.data, frame.pts_90k, &mut |pic| self.picture(pic));
+        if let Err(e) = result {
+            self.counters.dropped(DropReason::DecodeError);
+            tracing::debug!(stream = %self.config.stream, error = %e, "access unit dropped");
+        }
+        self.decoder = Some(decoder);
+    }
+
+    fn picture(&mut self, mut pic: DecodedPicture<'_>) {
+        self.counters.decoded();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        // Pictures come out in display order: entries before this one belong to pictures
+        // the decoder discarded.
+        let mut rest = self.pending.split_off(&pic.pts);
+        let capture = rest.remove(&pic.pts).unwrap_or_else(|| CaptureTime {
+            wall: SystemTime::now(),
+            source: ClockSource::LocalReceive,
+            received: Instant::now(),
+        });
+        self.pending = rest;
+        if !self.sampler.keep(pic.pts) {
+            return;
+        }
+        let meta = FrameMeta {
+            stream: self.config.stream.clone(),
+            seq,
+            pts: Pts::from_90k(pic.pts),
+            capture,
+        };
+        let Some(mut frame) = self.config.pool.take(pic.width, pic.height, meta) else {
+            self.counters.dropped(DropReason::PoolExhausted);
+            return;
+        };
+        let stride = frame.stride();
+        if let Err(e) = pic.to_rgb(frame.data_mut(), stride) {
+            self.counters.dropped(DropReason::DecodeError);
+            tracing::debug!(stream = %self.config.stream, error = %e, "conversion failed");
+            return;
+        }
+        if self.slot.put(frame).is_some() {
+            self.counters.dropped(DropReason::Superseded);
+        }
+    }
+}

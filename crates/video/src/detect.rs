@@ -1,0 +1,292 @@
+//! The hand-off to detection. [`FrameDetector`] is what the server implements on top of
+//! its batching engine (many streams call it at once; it batches across them with a
+//! latency cap). Each stream's detection task takes the newest frame from its slot, drops
+//! it unrun if its staleness budget is already spent, and publishes what comes back.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::BoxFuture;
+use peregrine_types::{ClassNames, Detection};
+use tokio::time::Instant;
+
+use crate::event::{DetectionEvent, StreamPublisher};
+use crate::frame::Frame;
+use crate::latest::LatestSlot;
+use crate::telemetry::{DropReason, StreamCounters};
+
+/// Why a detector returned no detections for a frame.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum DetectError {
+    /// The deadline passed before the frame could be computed; it was not computed.
+    #[error("the frame's deadline passed before it could be computed")]
+    DeadlineExceeded,
+    /// The detector's queue is full; the frame was not computed.
+    #[error("the detector is at capacity")]
+    Overloaded,
+    #[error("the detector is not available: {0}")]
+    Unavailable(String),
+    #[error("detection failed: {0}")]
+    Failed(String),
+}
+
+/// Runs a model on frames. Called concurrently from every stream's detection task.
+pub trait FrameDetector: Send + Sync + 'static {
+    /// Detects objects in `frame` (dropping the frame returns its buffer to the stream's
+    /// pool). A frame that cannot start before `deadline` should fail with
+    /// [`DetectError::DeadlineExceeded`] without being computed.
+    fn detect(
+        &self,
+        frame: Frame,
+        deadline: std::time::Instant,
+    ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>>;
+
+    /// Names for the class ids this detector returns.
+    fn class_names(&self) -> ClassNames {
+        ClassNames::default()
+    }
+}
+
+/// How long past its deadline a detector may take before the stream gives up on the frame,
+/// so a detector that never answers cannot wedge a stream (or its removal).
+const DETECT_GRACE: Duration = Duration::from_secs(2);
+
+pub(crate) struct DetectionTask {
+    pub slot: Arc<LatestSlot<Frame>>,
+    pub detector: Arc<dyn FrameDetector>,
+    pub staleness: Duration,
+    pub counters: Arc<StreamCounters>,
+    pub publisher: StreamPublisher,
+}
+
+impl DetectionTask {
+    /// Runs until the slot closes (the decode thread ended).
+    pub async fn run(self) {
+        while let Some(frame) = self.slot.take().await {
+            self.detect_one(frame).await;
+            // With frames always waiting and a detector that answers at once, nothing here
+            // would yield: give the scheduler its turn.
+            tokio::task::consume_budget().await;
+        }
+    }
+
+    async fn detect_one(&self, frame: Frame) {
+        let deadline = frame.meta.capture.received + self.staleness;
+        if Instant::now() >= deadline {
+            self.counters.dropped(DropReason::Stale);
+            return;
+        }
+        let meta = frame.meta.clone();
+        let (width, height) = (frame.width(), frame.height());
+        let call = self.detector.detect(frame, deadline.into_std());
+        let outcome = match tokio::time::timeout_at(deadline + DETECT_GRACE, call).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(DetectError::DeadlineExceeded),
+        };
+        match outcome {
+            Ok(detections) => {
+                let published = SystemTime::now();
+                let latency = published.duration_since(meta.capture.wall).unwrap_or_default();
+                self.counters.detected(latency);
+                self.publisher.publish(DetectionEvent {
+                    stream: meta.stream,
+                    seq: meta.seq,
+                    pts: meta.pts,
+                    capture: meta.capture,
+                    width,
+                    height,
+                    detections,
+                    class_names: self.detector.class_names(),
+                    published,
+                    latency,
+                });
+            }
+            Err(DetectError::DeadlineExceeded) => self.counters.dropped(DropReason::Stale),
+            Err(DetectError::Overloaded) => self.counters.dropped(DropReason::DetectorBusy),
+            Err(e) => {
+                self.counters.dropped(DropReason::DetectError);
+                tracing::debug!(stream = %meta.stream, error = %e, "detection failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use tokio::sync::broadcast;
+
+    use super::*;
+    use crate::event::{EventFanout, EventSubscription};
+    use crate::frame::{test_meta, FramePool};
+
+    /// Takes `work` per frame (simulated time), or answers `error` at once.
+    struct SlowDetector {
+        work: Duration,
+        error: Option<DetectError>,
+        calls: AtomicUsize,
+        seen: Mutex<Vec<u64>>,
+    }
+
+    impl SlowDetector {
+        fn new(work: Duration, error: Option<DetectError>) -> Arc<Self> {
+            Arc::new(Self {
+                work,
+                error,
+                calls: AtomicUsize::new(0),
+                seen: Mutex::new(Vec::new()),
+            })
+        }
+    }
+
+    impl FrameDetector for SlowDetector {
+        fn detect(
+            &self,
+            frame: Frame,
+            _deadline: std::time::Instant,
+        ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.seen.lock().unwrap().push(frame.meta.seq);
+            let (work, error) = (self.work, self.error.clone());
+            Box::pin(async move {
+                tokio::time::sleep(work).await;
+                drop(frame);
+                match error {
+                    Some(e) => Err(e),
+                    None => Ok(Vec::new()),
+                }
+            })
+        }
+    }
+
+    struct Harness {
+        slot: Arc<LatestSlot<Frame>>,
+        counters: Arc<StreamCounters>,
+        events: EventSubscription,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn start(detector: Arc<SlowDetector>, staleness: Duration) -> Harness {
+        let slot = Arc::new(LatestSlot::default());
+        let counters = StreamCounters::new("test");
+        let (stream_tx, stream_rx) = broadcast::channel(256);
+        let task = tokio::spawn(
+            DetectionTask {
+                slot: slot.clone(),
+                detector,
+                staleness,
+                counters: counters.clone(),
+                publisher: StreamPublisher {
+                    stream: stream_tx,
+                    fanout: Arc::new(EventFanout {
+                        all: broadcast::channel(4).0,
+                        sinks: Vec::new(),
+                    }),
+                },
+            }
+            .run(),
+        );
+        Harness {
+            slot,
+            counters,
+            events: EventSubscription::new(stream_rx, "test".into()),
+            task,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_detector_gets_the_newest_frame_and_older_ones_are_dropped() {
+        let detector = SlowDetector::new(Duration::from_millis(200), None);
+        let mut h = start(detector.clone(), Duration::from_secs(1));
+        let pool = FramePool::new(3);
+        // 2 s of a 25 fps camera.
+        for seq in 0..50 {
+            let frame = pool.take(8, 8, test_meta(seq)).expect("pool never runs dry");
+            if h.slot.put(frame).is_some() {
+                h.counters.dropped(DropReason::Superseded);
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        h.slot.close();
+        h.task.await.unwrap();
+        let s = h.counters.snapshot();
+        let calls = detector.calls.load(Ordering::Relaxed) as u64;
+        assert!(
+            (10..=12).contains(&calls),
+            "one frame per 200 ms of detection: {calls}"
+        );
+        assert_eq!(s.frames_detected, calls);
+        assert_eq!(
+            s.dropped(DropReason::Superseded) + calls,
+            50,
+            "every frame accounted for"
+        );
+        assert_eq!(s.dropped(DropReason::Stale), 0);
+        // Each time the detector came back it got the frame that had just arrived.
+        let seen = detector.seen.lock().unwrap().clone();
+        for pair in seen.windows(2) {
+            assert!(
+                (4..=6).contains(&(pair[1] - pair[0])),
+                "skipped to the newest: {seen:?}"
+            );
+        }
+        let mut published = 0;
+        while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, h.events.recv()).await {
+            published += 1;
+        }
+        assert_eq!(published, calls);
+        assert_eq!(pool.outstanding(), 0, "every buffer went back to the pool");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_past_its_staleness_budget_is_dropped_unrun() {
+        let detector = SlowDetector::new(Duration::ZERO, None);
+        let h = start(detector.clone(), Duration::from_millis(500));
+        let pool = FramePool::new(2);
+        let frame = pool.take(8, 8, test_meta(0)).unwrap();
+        // The frame arrived, then the detection task was held up for 600 ms.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        h.slot.put(frame);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        h.slot.close();
+        h.task.await.unwrap();
+        assert_eq!(detector.calls.load(Ordering::Relaxed), 0, "never computed");
+        assert_eq!(h.counters.snapshot().dropped(DropReason::Stale), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn detector_refusals_and_hangs_are_counted_by_reason() {
+        for (error, work, reason) in [
+            (
+                Some(DetectError::DeadlineExceeded),
+                Duration::ZERO,
+                DropReason::Stale,
+            ),
+            (
+                Some(DetectError::Overloaded),
+                Duration::ZERO,
+                DropReason::DetectorBusy,
+            ),
+            (
+                Some(DetectError::Failed("x".into())),
+                Duration::ZERO,
+                DropReason::DetectError,
+            ),
+            // Never answers in time: given up after the deadline plus the grace.
+            (None, Duration::from_secs(3600), DropReason::Stale),
+        ] {
+            let detector = SlowDetector::new(work, error);
+            let h = start(detector, Duration::from_millis(100));
+            let pool = FramePool::new(2);
+            h.slot.put(pool.take(8, 8, test_meta(0)).unwrap());
+            tokio::time::sleep(DETECT_GRACE + Duration::from_millis(200)).await;
+            h.slot.close();
+            h.task.await.unwrap();
+            assert_eq!(h.counters.snapshot().dropped(reason), 1, "{reason:?}");
+            assert_eq!(h.counters.snapshot().frames_detected, 0);
+        }
+    }
+}

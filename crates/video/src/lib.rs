@@ -1,0 +1,62 @@
+//! Video analytics for Peregrine: cameras and files in, detections out, live.
+//!
+//! A stream is a camera (RTSP over TCP or UDP, H.264 or H.265) or an mp4 file. The
+//! [`manager`] owns the set of streams and is reached through a cloneable
+//! [`StreamManagerHandle`] (add, remove, list, status, subscribe). Each stream runs as
+//! three pieces: a [`supervisor`] task that opens its [`source`] (behind the `Opener` /
+//! `Source` traits), reads access units and reconnects with [`backoff`] on failure; a
+//! [`decode`] thread (FFmpeg, linked statically) that decodes every access unit, lets
+//! [`sampling`] pick the frames to keep and converts those into pooled RGB [`frame`]s;
+//! and a [`detect`] task that takes the newest frame from the [`latest`] slot, drops it if
+//! its staleness budget is spent, and calls the server's [`FrameDetector`]. Results are
+//! plain [`event`]s stamped with the stream's presentation time and a wall-clock capture
+//! time ([`clock`]: RTCP sender reports, else local receive time); they fan out through
+//! bounded broadcasts and to the [`sinks`] (MQTT, webhooks), each with its own bounded
+//! drop-oldest queue, so nothing downstream can stall detection. [`config`] is the TOML
+//! shape of it all and [`telemetry`] names every metric.
+//!
+//! No HTTP routes and no binary configuration parsing live here: the API crate subscribes
+//! to events and calls the handle; the binary builds a [`VideoConfig`] and the sinks.
+
+pub mod backoff;
+pub mod clock;
+pub mod config;
+pub mod decode;
+pub mod detect;
+pub mod event;
+pub mod frame;
+pub mod latest;
+pub mod manager;
+pub mod sampling;
+pub mod sinks;
+pub mod source;
+pub mod supervisor;
+pub mod telemetry;
+
+pub use config::{StreamConfig, VideoConfig};
+pub use detect::{DetectError, FrameDetector};
+pub use event::{DetectionEvent, EventSubscription, SinkMessage, StatusChange};
+pub use frame::{CaptureTime, ClockSource, Frame, Pts};
+pub use manager::{
+    ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamReport, StreamSummary,
+};
+pub use supervisor::StreamStatus;
+
+#[cfg(test)]
+pub(crate) mod test_clips {
+    use std::path::PathBuf;
+
+    /// A clip from the shared test videos.
+    pub fn clip(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/videos")
+            .join(name)
+    }
+
+    /// The H.265 clip scripts/setup-video-peers.sh transcodes (setup-test.sh runs it).
+    pub fn h265_clip() -> PathBuf {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/videos/bikes-h265.mp4");
+        assert!(p.exists(), "{} missing: run scripts/setup-test.sh", p.display());
+        p
+    }
+}

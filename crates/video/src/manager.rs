@@ -1,0 +1,403 @@
+//! The set of running streams, owned by one task. Everyone else holds a cloneable
+//! [`StreamManagerHandle`] and sends it commands that carry their own reply channel; streams
+//! are added and removed while the others keep running.
+//!
+//! A stream is three pieces: its supervisor task (source, reconnects), its decode thread
+//! and its detection task. Removing it sets its stop flag; the supervisor then closes the
+//! decode thread's input, the thread ends and closes the frame slot, and the detection task
+//! ends after the frame it is on. `remove` answers once all three have finished.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::{ConfigError, StreamConfig};
+use crate::decode::{DecodeWorker, DecodeWorkerConfig};
+use crate::detect::{DetectionTask, FrameDetector};
+use crate::event::{EventFanout, EventSubscription, StreamPublisher};
+use crate::frame::FramePool;
+use crate::latest::LatestSlot;
+use crate::sinks::SinkQueue;
+use crate::source::Opener;
+use crate::supervisor::{StatusReporter, StreamStatus, Supervisor, SupervisorConfig};
+use crate::telemetry::{CounterSnapshot, StreamCounters};
+
+/// Commands waiting for the owner task. Senders wait when it is full; commands are small
+/// and handled at once, so the bound only caps memory if the task were stuck.
+const COMMAND_QUEUE: usize = 64;
+/// Longest wait for a removed stream's tasks before they are aborted.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Failures of stream management requests.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ManagerError {
+    #[error("a stream named {0:?} already exists")]
+    Duplicate(String),
+    #[error("no stream named {0:?}")]
+    NotFound(String),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot start stream {name:?}: {reason}")]
+    Start { name: String, reason: String },
+    #[error("the stream manager has shut down")]
+    ShutDown,
+}
+
+/// What the manager is built with, besides the streams.
+#[derive(Clone)]
+pub struct ManagerOptions {
+    pub detector: Arc<dyn FrameDetector>,
+    /// Every sink's queue; each gets every event and status change.
+    pub sinks: Vec<SinkQueue>,
+    /// Events buffered per stream for a subscriber that falls behind (it then loses the
+    /// oldest).
+    pub stream_events: usize,
+    /// The same for the all-streams feed.
+    pub all_events: usize,
+}
+
+impl ManagerOptions {
+    pub fn new(detector: Arc<dyn FrameDetector>) -> Self {
+        Self {
+            detector,
+            sinks: Vec::new(),
+            stream_events: 64,
+            all_events: 256,
+        }
+    }
+}
+
+/// One stream as `list` reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSummary {
+    pub name: String,
+    /// Where it connects (credentials removed).
+    pub source: String,
+    pub status: StreamStatus,
+}
+
+/// One stream in detail.
+#[derive(Debug, Clone)]
+pub struct StreamReport {
+    pub name: String,
+    pub source: String,
+    pub status: StreamStatus,
+    pub counters: CounterSnapshot,
+    /// The stream's definition, with any password in its URL redacted.
+    pub config: StreamConfig,
+    /// Frame buffers in use (of `config.frame_pool`).
+    pub frames_in_use: usize,
+}
+
+enum Command {
+    Add {
+        config: StreamConfig,
+        opener: Option<Arc<dyn Opener>>,
+        reply: oneshot::Sender<Result<(), ManagerError>>,
+    },
+    Remove {
+        name: String,
+        reply: oneshot::Sender<Result<(), ManagerError>>,
+    },
+    List(oneshot::Sender<Vec<StreamSummary>>),
+    Status {
+        name: String,
+        reply: oneshot::Sender<Result<StreamReport, ManagerError>>,
+    },
+    Subscribe {
+        name: Option<String>,
+        reply: oneshot::Sender<Result<EventSubscription, ManagerError>>,
+    },
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// Starts the owner task. Call inside a tokio runtime.
+pub struct StreamManager;
+
+impl StreamManager {
+    /// Starts with `streams` (all validated first: one bad definition fails the start).
+    pub async fn start(
+        options: ManagerOptions,
+        streams: Vec<StreamConfig>,
+    ) -> Result<StreamManagerHandle, ManagerError> {
+        for s in &streams {
+            s.validate()?;
+        }
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let (all, _) = broadcast::channel(options.all_events.max(1));
+        let owner = Owner {
+            fanout: Arc::new(EventFanout {
+                all,
+                sinks: options.sinks.clone(),
+            }),
+            options,
+            streams: BTreeMap::new(),
+        };
+        tokio::spawn(owner.run(rx));
+        let handle = StreamManagerHandle { commands: tx };
+        for s in streams {
+            handle.add(s).await?;
+        }
+        Ok(handle)
+    }
+}
+
+/// A cloneable handle to the stream manager.
+#[derive(Clone, Debug)]
+pub struct StreamManagerHandle {
+    commands: mpsc::Sender<Command>,
+}
+
+impl StreamManagerHandle {
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, ManagerError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(make(tx))
+            .await
+            .map_err(|_| ManagerError::ShutDown)?;
+        rx.await.map_err(|_| ManagerError::ShutDown)
+    }
+
+    /// Adds and starts a stream; its source is chosen from its URL.
+    pub async fn add(&self, config: StreamConfig) -> Result<(), ManagerError> {
+        self.ask(|reply| Command::Add {
+            config,
+            opener: None,
+            reply,
+        })
+        .await?
+    }
+
+    /// Adds a stream with a source of the caller's making (other kinds of camera, tests).
+    pub async fn add_with_opener(
+        &self,
+        config: StreamConfig,
+        opener: Arc<dyn Opener>,
+    ) -> Result<(), ManagerError> {
+        self.ask(|reply| Command::Add {
+            config,
+            opener: Some(opener),
+            reply,
+        })
+        .await?
+    }
+
+    /// Stops a stream and frees everything it held; answers when it has all ended.
+    pub async fn remove(&self, name: &str) -> Result<(), ManagerError> {
+        let name = name.to_string();
+        self.ask(|reply| Command::Remove { name, reply }).await?
+    }
+
+    pub async fn list(&self) -> Result<Vec<StreamSummary>, ManagerError> {
+        self.ask(Command::List).await
+    }
+
+    pub async fn status(&self, name: &str) -> Result<StreamReport, ManagerError> {
+        let name = name.to_string();
+        self.ask(|reply| Command::Status { name, reply }).await?
+    }
+
+    /// Live events of one stream.
+    pub async fn subscribe(&self, name: &str) -> Result<EventSubscription, ManagerError> {
+        let name = Some(name.to_string());
+        self.ask(|reply| Command::Subscribe { name, reply }).await?
+    }
+
+    /// Live events of every stream, present and future.
+    pub async fn subscribe_all(&self) -> Result<EventSubscription, ManagerError> {
+        self.ask(|reply| Command::Subscribe { name: None, reply }).await?
+    }
+
+    /// Stops every stream (waiting for each, as `remove` does) and ends the manager.
+    pub async fn shutdown(&self) -> Result<(), ManagerError> {
+        self.ask(Command::Shutdown).await
+    }
+}
+
+struct RunningStream {
+    config: StreamConfig,
+    source: String,
+    status: watch::Receiver<StreamStatus>,
+    counters: Arc<StreamCounters>,
+    events: broadcast::Sender<Arc<crate::event::DetectionEvent>>,
+    pool: FramePool,
+    stop: watch::Sender<bool>,
+    supervisor: JoinHandle<()>,
+    detection: JoinHandle<()>,
+}
+
+impl RunningStream {
+    /// Signals the stop and waits for both tasks (and so the decode thread).
+    async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        for task in [&mut self.supervisor, &mut self.detection] {
+            if tokio::time::timeout(STOP_TIMEOUT, &mut *task).await.is_err() {
+                tracing::error!(stream = %self.config.name, "stream task did not stop in time; aborting it");
+                task.abort();
+            }
+        }
+    }
+}
+
+struct Owner {
+    options: ManagerOptions,
+    fanout: Arc<EventFanout>,
+    streams: BTreeMap<String, RunningStream>,
+}
+
+impl Owner {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        while let Some(command) = rx.recv().await {
+            match command {
+                Command::Add {
+                    config,
+                    opener,
+                    reply,
+                } => {
+                    let _ = reply.send(self.add(config, opener));
+                }
+                Command::Remove { name, reply } => match self.streams.remove(&name) {
+                    // Stopping takes a moment; the owner keeps serving meanwhile.
+                    Some(stream) => {
+                        tokio::spawn(async move {
+                            stream.stop().await;
+                            let _ = reply.send(Ok(()));
+                        });
+                    }
+                    None => {
+                        let _ = reply.send(Err(ManagerError::NotFound(name)));
+                    }
+                },
+                Command::List(reply) => {
+                    let list = self
+                        .streams
+                        .values()
+                        .map(|s| StreamSummary {
+                            name: s.config.name.clone(),
+                            source: s.source.clone(),
+                            status: s.status.borrow().clone(),
+                        })
+                        .collect();
+                    let _ = reply.send(list);
+                }
+                Command::Status { name, reply } => {
+                    let report = self
+                        .streams
+                        .get(&name)
+                        .map(|s| StreamReport {
+                            name: s.config.name.clone(),
+                            source: s.source.clone(),
+                            status: s.status.borrow().clone(),
+                            counters: s.counters.snapshot(),
+                            config: s.config.redacted(),
+                            frames_in_use: s.pool.outstanding(),
+                        })
+                        .ok_or(ManagerError::NotFound(name));
+                    let _ = reply.send(report);
+                }
+                Command::Subscribe { name, reply } => {
+                    let sub = match name {
+                        None => Ok(EventSubscription::new(self.fanout.all.subscribe(), "*".into())),
+                        Some(name) => match self.streams.get(&name) {
+                            Some(s) => Ok(EventSubscription::new(s.events.subscribe(), name.into())),
+                            None => Err(ManagerError::NotFound(name)),
+                        },
+                    };
+                    let _ = reply.send(sub);
+                }
+                Command::Shutdown(reply) => {
+                    let stopping: Vec<_> = std::mem::take(&mut self.streams)
+                        .into_values()
+                        .map(|s| tokio::spawn(s.stop()))
+                        .collect();
+                    for s in stopping {
+                        let _ = s.await;
+                    }
+                    let _ = reply.send(());
+                    return;
+                }
+            }
+        }
+        // Every handle is gone: stop the streams, as nobody can reach them any more.
+        for (_, s) in std::mem::take(&mut self.streams) {
+            s.stop().await;
+        }
+    }
+
+    fn add(&mut self, config: StreamConfig, opener: Option<Arc<dyn Opener>>) -> Result<(), ManagerError> {
+        config.validate()?;
+        if self.streams.contains_key(&config.name) {
+            return Err(ManagerError::Duplicate(config.name));
+        }
+        let opener = match opener {
+            Some(o) => o,
+            None => config.opener()?,
+        };
+        let name: Arc<str> = config.name.as_str().into();
+        let counters = StreamCounters::new(&name);
+        let pool = FramePool::new(config.frame_pool);
+        let slot = Arc::new(LatestSlot::default());
+        let worker = DecodeWorker::spawn(
+            DecodeWorkerConfig {
+                stream: name.clone(),
+                fps: config.fps,
+                queue: config.decode_queue,
+                pool: pool.clone(),
+            },
+            slot.clone(),
+            counters.clone(),
+        )
+        .map_err(|e| ManagerError::Start {
+            name: config.name.clone(),
+            reason: format!("cannot start its decode thread: {e}"),
+        })?;
+        let source = opener.describe();
+        let (status_tx, status_rx) = watch::channel(StreamStatus::Connecting { attempt: 1 });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (events, _) = broadcast::channel(self.options.stream_events.max(1));
+        let supervisor = Supervisor {
+            config: SupervisorConfig {
+                stream: name.clone(),
+                connect_timeout: Duration::from_millis(config.connect_timeout_ms),
+                frame_timeout: Duration::from_millis(config.frame_timeout_ms),
+                backoff: (&config.backoff).into(),
+            },
+            opener,
+            worker,
+            counters: counters.clone(),
+            status: StatusReporter {
+                stream: name.clone(),
+                watch: status_tx,
+                fanout: self.fanout.clone(),
+            },
+            shutdown: stop_rx,
+        };
+        let detection = DetectionTask {
+            slot,
+            detector: self.options.detector.clone(),
+            staleness: config.staleness(),
+            counters: counters.clone(),
+            publisher: StreamPublisher {
+                stream: events.clone(),
+                fanout: self.fanout.clone(),
+            },
+        };
+        tracing::info!(stream = %name, source = %source, "stream added");
+        let running = RunningStream {
+            source,
+            status: status_rx,
+            counters,
+            events,
+            pool,
+            stop: stop_tx,
+            supervisor: tokio::spawn(supervisor.run()),
+            detection: tokio::spawn(detection.run()),
+            config,
+        };
+        self.streams.insert(running.config.name.clone(), running);
+        Ok(())
+    }
+}

@@ -1,0 +1,255 @@
+//! Results to an MQTT broker through rumqttc, with Frigate-style topics:
+//!
+//! | topic | payload | QoS | retained |
+//! |---|---|---|---|
+//! | `<prefix>/available` | `online` / `offline` (also the last will) | 1 | yes |
+//! | `<prefix>/<stream>/status` | status JSON ([`super::wire`]) | 1 | yes |
+//! | `<prefix>/<stream>/detections` | event JSON ([`super::wire`]), one per frame | 0 | no |
+//!
+//! Why: availability and status are rare and a newcomer needs the current value, so they
+//! are retained and acknowledged; detections are a live, high-rate feed where a result
+//! re-delivered late is worse than one lost, so they are fire-and-forget and not retained
+//! (a retained detection would show a stale box to every new subscriber).
+//!
+//! Queues: the sink's [`SinkQueue`] (drop oldest, `queue` entries), then rumqttc's request
+//! channel (`REQUEST_CHANNEL` entries; the publisher waits on it, so while the broker is
+//! away the drops happen in the sink queue, oldest first).
+
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Outgoing, Packet, QoS};
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{wire, SinkError, SinkQueue};
+use crate::event::SinkMessage;
+use crate::telemetry;
+
+/// Requests rumqttc holds before the publisher waits.
+const REQUEST_CHANNEL: usize = 64;
+/// Pause between reconnection attempts to an unreachable broker.
+const RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// Longest wait for queued messages and the `offline` message at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MqttConfig {
+    pub host: String,
+    #[serde(default = "defaults::port")]
+    pub port: u16,
+    #[serde(default = "defaults::client_id")]
+    pub client_id: String,
+    #[serde(default = "defaults::prefix")]
+    pub topic_prefix: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Messages waiting for the broker before the oldest are dropped.
+    #[serde(default = "defaults::queue")]
+    pub queue: usize,
+    #[serde(default = "defaults::keep_alive_s")]
+    pub keep_alive_s: u64,
+}
+
+impl std::fmt::Debug for MqttConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("client_id", &self.client_id)
+            .field("topic_prefix", &self.topic_prefix)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+mod defaults {
+    pub fn port() -> u16 {
+        1883
+    }
+    pub fn client_id() -> String {
+        "peregrine".into()
+    }
+    pub fn prefix() -> String {
+        "peregrine".into()
+    }
+    pub fn queue() -> usize {
+        256
+    }
+    pub fn keep_alive_s() -> u64 {
+        30
+    }
+}
+
+impl MqttConfig {
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        Self {
+            host: host.into(),
+            port,
+            client_id: defaults::client_id(),
+            topic_prefix: defaults::prefix(),
+            username: None,
+            password: None,
+            queue: defaults::queue(),
+            keep_alive_s: defaults::keep_alive_s(),
+        }
+    }
+
+    fn available_topic(&self) -> String {
+        format!("{}/available", self.topic_prefix)
+    }
+}
+
+/// A running MQTT sink: feed it through [`MqttSink::queue`].
+#[derive(Debug)]
+pub struct MqttSink {
+    queue: SinkQueue,
+    client: AsyncClient,
+    available_topic: String,
+    publisher: JoinHandle<()>,
+    event_loop: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+impl MqttSink {
+    /// Starts the connection (in the background; an absent broker is retried) and the
+    /// publisher. Must be called inside a tokio runtime.
+    pub fn start(config: &MqttConfig) -> Result<Self, SinkError> {
+        let bad = |problem: &str| SinkError::Config {
+            sink: "mqtt",
+            problem: problem.into(),
+        };
+        if config.host.is_empty() {
+            return Err(bad("host is empty"));
+        }
+        if config.topic_prefix.is_empty() || config.topic_prefix.contains(['#', '+']) {
+            return Err(bad("topic_prefix must be non-empty, without '#' or '+'"));
+        }
+        let mut options = MqttOptions::new(&config.client_id, &config.host, config.port);
+        options.set_keep_alive(Duration::from_secs(config.keep_alive_s.max(5)));
+        options.set_clean_session(true);
+        options.set_last_will(LastWill::new(
+            config.available_topic(),
+            "offline",
+            QoS::AtLeastOnce,
+            true,
+        ));
+        if let Some(user) = &config.username {
+            options.set_credentials(user, config.password.clone().unwrap_or_default());
+        }
+        let (client, event_loop) = AsyncClient::new(options, REQUEST_CHANNEL);
+        let (stop, stop_rx) = watch::channel(false);
+        let queue = SinkQueue::new("mqtt", config.queue);
+        let event_loop = tokio::spawn(drive_connection(
+            event_loop,
+            client.clone(),
+            config.available_topic(),
+            stop_rx,
+        ));
+        let publisher = tokio::spawn(publish_messages(
+            queue.clone(),
+            client.clone(),
+            config.topic_prefix.clone(),
+        ));
+        Ok(Self {
+            queue,
+            client,
+            available_topic: config.available_topic(),
+            publisher,
+            event_loop,
+            stop,
+        })
+    }
+
+    /// The queue to hand to the stream manager.
+    pub fn queue(&self) -> SinkQueue {
+        self.queue.clone()
+    }
+
+    /// Publishes what is queued (for at most a couple of seconds), marks the server
+    /// `offline`, disconnects and ends both tasks.
+    pub async fn shut_down(mut self) {
+        self.queue.close();
+        if tokio::time::timeout(SHUTDOWN_GRACE, &mut self.publisher)
+            .await
+            .is_err()
+        {
+            self.publisher.abort();
+        }
+        let _ = self.stop.send(true);
+        let goodbye = async {
+            let _ = self
+                .client
+                .publish(&self.available_topic, QoS::AtLeastOnce, true, "offline")
+                .await;
+            let _ = self.client.disconnect().await;
+        };
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, goodbye).await;
+        if tokio::time::timeout(SHUTDOWN_GRACE, &mut self.event_loop)
+            .await
+            .is_err()
+        {
+            self.event_loop.abort();
+        }
+    }
+}
+
+async fn publish_messages(queue: SinkQueue, client: AsyncClient, prefix: String) {
+    while let Some(message) = queue.pop().await {
+        let sent = match &message {
+            SinkMessage::Detection(event) => {
+                let topic = format!("{prefix}/{}/detections", event.stream);
+                client
+                    .publish(topic, QoS::AtMostOnce, false, wire::event_json(event))
+                    .await
+            }
+            SinkMessage::Status(change) => {
+                let topic = format!("{prefix}/{}/status", change.stream);
+                client
+                    .publish(topic, QoS::AtLeastOnce, true, wire::status_json(change))
+                    .await
+            }
+        };
+        match sent {
+            Ok(()) => telemetry::sink_delivered("mqtt"),
+            // Only a closed event loop fails here; nothing more can be sent.
+            Err(_) => return,
+        }
+    }
+}
+
+/// Polls rumqttc's event loop, which also reconnects; announces `online` on each connect.
+async fn drive_connection(
+    mut event_loop: rumqttc::EventLoop,
+    client: AsyncClient,
+    available_topic: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut reported_failure = false;
+    loop {
+        match event_loop.poll().await {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                reported_failure = false;
+                tracing::info!(topic = %available_topic, "connected to the MQTT broker");
+                let _ = client.try_publish(&available_topic, QoS::AtLeastOnce, true, "online");
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
+            Ok(_) => {}
+            Err(e) => {
+                if *stop.borrow() {
+                    return;
+                }
+                if !reported_failure {
+                    tracing::warn!(error = %e, "MQTT broker unreachable; retrying every second");
+                    reported_failure = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(RECONNECT_DELAY) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! The JSON that MQTT and webhooks carry; the only place events become bytes.
+//!
+//! A detection event (`schema_version` 1; fields are only ever added):
+//!
+//! ```json
+//! {
+//!   "schema_version": 1,
+//!   "stream": "cam1",
+//!   "seq": 1234,
+//!   "pts_seconds": 49.36,
+//!   "pts_90k": 4442400,
+//!   "capture_time": "2026-12-01T09:30:00.123Z",
+//!   "capture_unix_ms": 1796117400123,
+//!   "clock_source": "rtcp",
+//!   "width": 1280,
+//!   "height": 720,
+//!   "detections": [
+//!     {"class_id": 0, "class_name": "person", "score": 0.91, "box": [12.5, 40.0, 210.0, 700.2]}
+//!   ],
+//!   "latency_ms": 87.4
+//! }
+//! ```
+//!
+//! `seq` counts decoded frames on the stream (gaps are frames that were sampled out or
+//! dropped); `pts_*` is the stream's presentation time from its start; `capture_*` is when
+//! the frame was captured, by the camera's clock through RTCP sender reports
+//! (`clock_source` `"rtcp"`) or, without them, when this server received it (`"local"`);
+//! `box` is `[x1, y1, x2, y2]` in the frame's pixels; `latency_ms` is glass to result.
+//!
+//! A status message: `{"schema_version": 1, "stream": "cam1", "status": "backing_off",
+//! "since_unix_ms"?, "last_error"?, "next_attempt_unix_ms"?, "attempt"?, "reason"?}`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::event::{DetectionEvent, StatusChange};
+use crate::supervisor::StreamStatus;
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Serialize)]
+struct EventJson<'a> {
+    schema_version: u32,
+    stream: &'a str,
+    seq: u64,
+    pts_seconds: f64,
+    pts_90k: i64,
+    capture_time: String,
+    capture_unix_ms: i64,
+    clock_source: &'static str,
+    width: u32,
+    height: u32,
+    detections: Vec<DetectionJson<'a>>,
+    latency_ms: f64,
+}
+
+#[derive(Serialize)]
+struct DetectionJson<'a> {
+    class_id: u32,
+    class_name: std::borrow::Cow<'a, str>,
+    score: f32,
+    #[serde(rename = "box")]
+    bbox: [f32; 4],
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+    }
+}
+
+fn rfc3339_ms(unix_ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(unix_ms)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// A detection event as JSON bytes.
+pub fn event_json(event: &DetectionEvent) -> Vec<u8> {
+    let capture_ms = unix_ms(event.capture.wall);
+    let body = EventJson {
+        schema_version: SCHEMA_VERSION,
+        stream: &event.stream,
+        seq: event.seq,
+        pts_seconds: event.pts.seconds,
+        pts_90k: event.pts.ticks_90k,
+        capture_time: rfc3339_ms(capture_ms),
+        capture_unix_ms: capture_ms,
+        clock_source: event.capture.source.as_str(),
+        width: event.width,
+        height: event.height,
+        detections: event
+            .detections
+            .iter()
+            .map(|d| DetectionJson {
+                class_id: d.class_id,
+                class_name: event.class_names.name(d.class_id),
+                score: d.score,
+                bbox: [d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2],
+            })
+            .collect(),
+        latency_ms: event.latency.as_secs_f64() * 1000.0,
+    };
+    // Serialising plain numbers and strings cannot fail; an empty body would be a bug.
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+#[derive(Serialize)]
+struct StatusJson<'a> {
+    schema_version: u32,
+    stream: &'a str,
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since_unix_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_attempt_unix_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempt: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+}
+
+/// A status change as JSON bytes.
+pub fn status_json(change: &StatusChange) -> Vec<u8> {
+    let mut body = StatusJson {
+        schema_version: SCHEMA_VERSION,
+        stream: &change.stream,
+        status: change.status.name(),
+        since_unix_ms: None,
+        last_error: None,
+        next_attempt_unix_ms: None,
+        attempt: None,
+        reason: None,
+    };
+    match &change.status {
+        StreamStatus::Connecting { attempt } => body.attempt = Some(*attempt),
+        StreamStatus::Streaming { since } => body.since_unix_ms = Some(unix_ms(*since)),
+        StreamStatus::BackingOff {
+            last_error,
+            attempt,
+            next_attempt,
+        } => {
+            body.last_error = Some(last_error);
+            body.attempt = Some(*attempt);
+            body.next_attempt_unix_ms = Some(unix_ms(*next_attempt));
+        }
+        StreamStatus::Stopped { reason } => body.reason = Some(reason),
+    }
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use peregrine_types::{BBox, ClassNames, Detection};
+
+    use super::*;
+    use crate::frame::{CaptureTime, ClockSource, Pts};
+
+    pub(crate) fn event(seq: u64) -> DetectionEvent {
+        DetectionEvent {
+            stream: "cam1".into(),
+            seq,
+            pts: Pts::from_90k(450_000),
+            capture: CaptureTime {
+                wall: UNIX_EPOCH + Duration::from_millis(1_796_117_400_123),
+                source: ClockSource::RtcpSenderReport,
+                received: tokio::time::Instant::now(),
+            },
+            width: 1280,
+            height: 720,
+            detections: vec![
+                Detection {
+                    class_id: 0,
+                    score: 0.5,
+                    bbox: BBox::new(1.0, 2.0, 3.0, 4.0),
+                },
+                Detection {
+                    class_id: 99,
+                    score: 0.25,
+                    bbox: BBox::new(0.0, 0.0, 8.0, 8.0),
+                },
+            ],
+            class_names: ClassNames::new(vec!["person".into()]),
+            published: UNIX_EPOCH,
+            latency: Duration::from_micros(87_500),
+        }
+    }
+
+    #[test]
+    fn event_schema_is_stable() {
+        let v: serde_json::Value = serde_json::from_slice(&event_json(&event(7))).unwrap();
+        let expected = serde_json::json!({
+            "schema_version": 1,
+            "stream": "cam1",
+            "seq": 7,
+            "pts_seconds": 5.0,
+            "pts_90k": 450000,
+            "capture_time": "2026-12-01T09:30:00.123Z",
+            "capture_unix_ms": 1796117400123i64,
+            "clock_source": "rtcp",
+            "width": 1280,
+            "height": 720,
+            "detections": [
+                {"class_id": 0, "class_name": "person", "score": 0.5, "box": [1.0, 2.0, 3.0, 4.0]},
+                {"class_id": 99, "class_name": "class99", "score": 0.25, "box": [0.0, 0.0, 8.0, 8.0]}
+            ],
+            "latency_ms": 87.5
+        });
+        assert_eq!(v, expected);
+    }
+
+    #[test]
+    fn status_schema_names_the_state_and_its_details() {
+        let change = StatusChange {
+            stream: "cam1".into(),
+            status: StreamStatus::BackingOff {
+                last_error: "refused".into(),
+                attempt: 3,
+                next_attempt: UNIX_EPOCH + Duration::from_millis(5),
+            },
+        };
+        let v: serde_json::Value = serde_json::from_slice(&status_json(&change)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"schema_version": 1, "stream": "cam1", "status": "backing_off",
+                "last_error": "refused", "attempt": 3, "next_attempt_unix_ms": 5})
+        );
+    }
+}

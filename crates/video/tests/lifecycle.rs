@@ -1,0 +1,94 @@
+//! Streams added and removed at run time, over and over, leave no task, thread or frame
+//! buffer behind. Alone in its test binary, as it counts process-wide threads.
+
+mod support;
+
+use std::time::Duration;
+
+use peregrine_video::decode::worker::live_decode_threads;
+use peregrine_video::source::rtsp::RtspTransport;
+use peregrine_video::{ManagerError, ManagerOptions, StreamConfig, StreamManager};
+use support::{eventually, h265_clip, instant_detector, os_threads, shared_clip, RtspServer};
+
+fn camera(name: &str, url: String, transport: RtspTransport, fps: Option<f64>) -> StreamConfig {
+    let mut c = StreamConfig::new(name, url);
+    c.transport = transport;
+    c.fps = fps;
+    c.decode_threads = 1;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_come_and_go_at_run_time_without_leaking_tasks_or_threads() {
+    let server = RtspServer::start(&[("bikes", shared_clip("bikes.mp4")), ("bikes265", h265_clip())]);
+    let runtime = tokio::runtime::Handle::current();
+    let manager = StreamManager::start(ManagerOptions::new(instant_detector()), Vec::new())
+        .await
+        .unwrap();
+    let baseline_tasks = runtime.metrics().num_alive_tasks();
+    let baseline_threads = live_decode_threads();
+    let baseline_os_threads = os_threads();
+    for cycle in 0..3 {
+        let names = [format!("a{cycle}"), format!("b{cycle}"), format!("c{cycle}")];
+        manager
+            .add(camera(
+                &names[0],
+                server.url("bikes"),
+                RtspTransport::Tcp,
+                Some(5.0),
+            ))
+            .await
+            .unwrap();
+        manager
+            .add(camera(
+                &names[1],
+                server.url("bikes265"),
+                RtspTransport::Udp,
+                Some(5.0),
+            ))
+            .await
+            .unwrap();
+        let mut c = camera(
+            &names[2],
+            shared_clip("bikes.mp4").display().to_string(),
+            RtspTransport::Tcp,
+            None,
+        );
+        c.looped = true;
+        manager.add(c).await.unwrap();
+        assert!(matches!(
+            manager
+                .add(camera(&names[0], server.url("bikes"), RtspTransport::Tcp, None))
+                .await,
+            Err(ManagerError::Duplicate(_))
+        ));
+        for name in &names {
+            let mut sub = manager.subscribe(name).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(30), sub.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{name}: no event in 30 s"))
+                .expect("event");
+        }
+        assert_eq!(live_decode_threads(), baseline_threads + 3);
+        for name in &names {
+            manager.remove(name).await.unwrap();
+        }
+        assert!(matches!(
+            manager.remove(&names[0]).await,
+            Err(ManagerError::NotFound(_))
+        ));
+        assert!(manager.list().await.unwrap().is_empty());
+        // `remove` answers after the stream's tasks and thread have ended; only retina's
+        // background TEARDOWN of the UDP session may still be finishing.
+        assert_eq!(live_decode_threads(), baseline_threads, "decode threads ended");
+        eventually(Duration::from_secs(15), "tasks back to the baseline", || {
+            runtime.metrics().num_alive_tasks() <= baseline_tasks
+        })
+        .await;
+    }
+    eventually(Duration::from_secs(15), "OS threads back to the baseline", || {
+        os_threads() <= baseline_os_threads + 2
+    })
+    .await;
+    manager.shutdown().await.unwrap();
+}

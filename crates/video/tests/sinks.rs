@@ -1,0 +1,325 @@
+//! Sinks against real peers: a mosquitto broker with an MQTT subscriber, and an HTTP
+//! endpoint for webhooks that fails, hangs and recovers.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use peregrine_video::sinks::webhook::{WebhookConfig, WebhookSink};
+use peregrine_video::sinks::ConfiguredSinks;
+use peregrine_video::{ManagerOptions, StreamConfig, StreamManager, VideoConfig};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use serde_json::Value;
+use support::{eventually, h265_clip, instant_detector, shared_clip, Mosquitto, RtspServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// An MQTT subscriber: every publish it receives as (topic, payload, retained).
+async fn subscriber(
+    port: u16,
+    id: &str,
+    filter: &str,
+) -> tokio::sync::mpsc::Receiver<(String, Vec<u8>, bool)> {
+    let mut options = MqttOptions::new(id, "127.0.0.1", port);
+    options.set_keep_alive(Duration::from_secs(10));
+    let (client, mut event_loop) = AsyncClient::new(options, 16);
+    client.subscribe(filter, QoS::AtLeastOnce).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    let mut subscribed_tx = Some(subscribed_tx);
+    tokio::spawn(async move {
+        let _client = client;
+        while let Ok(event) = event_loop.poll().await {
+            match event {
+                Event::Incoming(Packet::SubAck(_)) => {
+                    if let Some(s) = subscribed_tx.take() {
+                        let _ = s.send(());
+                    }
+                }
+                Event::Incoming(Packet::Publish(p)) => {
+                    let message = (p.topic.clone(), p.payload.to_vec(), p.retain);
+                    if tx.send(message).await.is_err() {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), subscribed)
+        .await
+        .expect("SUBACK in time")
+        .unwrap();
+    rx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
+    let broker = Mosquitto::start();
+    let server = RtspServer::start(&[("bikes", shared_clip("bikes.mp4")), ("bikes265", h265_clip())]);
+    let mut live = subscriber(broker.port, "live", "pv-test/#").await;
+    // Everything defined up front, as the server's configuration file would.
+    let text = format!(
+        r#"
+        [[streams]]
+        name = "cam1"
+        url = "{}"
+        fps = 5
+
+        [[streams]]
+        name = "cam2"
+        url = "{}"
+        transport = "udp"
+        fps = 5
+
+        [mqtt]
+        host = "127.0.0.1"
+        port = {}
+        topic_prefix = "pv-test"
+        "#,
+        server.url("bikes"),
+        server.url("bikes265"),
+        broker.port
+    );
+    let config: VideoConfig = toml::from_str(&text).expect("config parses");
+    let sinks = ConfiguredSinks::start(&config).unwrap();
+    let mut options = ManagerOptions::new(instant_detector());
+    options.sinks = sinks.queues();
+    let manager = StreamManager::start(options, config.streams.clone())
+        .await
+        .unwrap();
+
+    let mut detections: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let mut statuses: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut online = false;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !(online
+            && ["cam1", "cam2"]
+                .iter()
+                .all(|s| detections.get(*s).is_some_and(|v| v.len() >= 5)))
+        {
+            let (topic, payload, _) = live.recv().await.expect("subscriber alive");
+            let parts: Vec<&str> = topic.split('/').collect();
+            match parts.as_slice() {
+                ["pv-test", "available"] => online |= payload == b"online",
+                ["pv-test", stream, "detections"] => {
+                    let v: Value = serde_json::from_slice(&payload).expect("detection JSON");
+                    detections.entry(stream.to_string()).or_default().push(v);
+                }
+                ["pv-test", stream, "status"] => {
+                    let v: Value = serde_json::from_slice(&payload).expect("status JSON");
+                    statuses
+                        .entry(stream.to_string())
+                        .or_default()
+                        .push(v["status"].as_str().unwrap_or("").to_string());
+                }
+                other => panic!("unexpected topic {other:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("MQTT traffic incomplete: {:?} {:?}", detections.keys(), statuses));
+
+    for (stream, events) in &detections {
+        let e = &events[0];
+        assert_eq!(e["schema_version"], 1);
+        assert_eq!(e["stream"], stream.as_str());
+        assert_eq!(
+            (e["width"].as_u64(), e["height"].as_u64()),
+            (Some(640), Some(272))
+        );
+        assert!(e["capture_time"].as_str().unwrap().ends_with('Z'));
+        assert!(e["capture_unix_ms"].as_i64().unwrap() > 1_600_000_000_000);
+        assert!(["rtcp", "local"].contains(&e["clock_source"].as_str().unwrap()));
+        assert!(e["latency_ms"].as_f64().unwrap() >= 0.0);
+        assert_eq!(e["detections"][0]["class_name"], "frame");
+        assert_eq!(e["detections"][0]["box"].as_array().unwrap().len(), 4);
+        assert!(
+            statuses[stream].contains(&"streaming".to_string()),
+            "{stream}: {statuses:?}"
+        );
+        let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+        assert!(seqs.windows(2).all(|w| w[1] > w[0]), "{stream}: {seqs:?}");
+    }
+
+    // A subscriber arriving now gets the retained availability and statuses.
+    let mut late = subscriber(broker.port, "late", "pv-test/+/status").await;
+    let mut retained = BTreeMap::new();
+    while retained.len() < 2 {
+        let (topic, payload, retain) = tokio::time::timeout(Duration::from_secs(10), late.recv())
+            .await
+            .expect("retained status in time")
+            .unwrap();
+        assert!(retain, "{topic} should be retained");
+        let v: Value = serde_json::from_slice(&payload).unwrap();
+        retained.insert(topic, v["status"].as_str().unwrap().to_string());
+    }
+    assert_eq!(retained["pv-test/cam1/status"], "streaming");
+
+    manager.remove("cam1").await.unwrap();
+    mqtt_wait_for(&mut live, "pv-test/cam1/status", |p| {
+        serde_json::from_slice::<Value>(p).is_ok_and(|v| v["status"] == "stopped" && v["reason"] == "removed")
+    })
+    .await;
+    manager.shutdown().await.unwrap();
+    sinks.shut_down().await;
+    mqtt_wait_for(&mut live, "pv-test/available", |p| p == b"offline").await;
+}
+
+async fn mqtt_wait_for(
+    rx: &mut tokio::sync::mpsc::Receiver<(String, Vec<u8>, bool)>,
+    topic: &str,
+    check: impl Fn(&[u8]) -> bool,
+) {
+    tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            let (t, p, _) = rx.recv().await.expect("subscriber alive");
+            if t == topic && check(&p) {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no matching message on {topic}"));
+}
+
+/// What the fake webhook endpoint does with each request.
+#[derive(Clone, Copy)]
+enum Behaviour {
+    /// Answers 500 to the first `n` requests, then 200.
+    FailFirst(usize),
+    /// Reads the request and never answers.
+    Hang,
+}
+
+/// A minimal HTTP/1.1 endpoint; returns its port and the bodies it accepted (200).
+async fn endpoint(behaviour: Behaviour) -> (u16, Arc<std::sync::Mutex<Vec<Value>>>, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let requests = Arc::new(AtomicUsize::new(0));
+    let (acc, reqs) = (accepted.clone(), requests.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let (acc, reqs) = (acc.clone(), reqs.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request per read cycle: headers, then content-length bytes.
+                    let (head_end, length) = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..i]).to_lowercase();
+                            let length = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            break (i + 4, length);
+                        }
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    while buf.len() < head_end + length {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body: Vec<u8> = buf[head_end..head_end + length].to_vec();
+                    buf.drain(..head_end + length);
+                    let n = reqs.fetch_add(1, Ordering::SeqCst);
+                    let status = match behaviour {
+                        Behaviour::Hang => {
+                            std::future::pending::<()>().await;
+                            unreachable!()
+                        }
+                        Behaviour::FailFirst(k) if n < k => "500 Internal Server Error",
+                        Behaviour::FailFirst(_) => {
+                            acc.lock()
+                                .unwrap()
+                                .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+                            "200 OK"
+                        }
+                    };
+                    let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+                    if sock.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, accepted, requests)
+}
+
+fn file_stream(name: &str) -> StreamConfig {
+    let mut c = StreamConfig::new(name, shared_clip("bikes.mp4").display().to_string());
+    c.looped = true;
+    c.fps = Some(5.0);
+    c.decode_threads = 1;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_retry_failures_and_deliver_json() {
+    let (port, accepted, requests) = endpoint(Behaviour::FailFirst(3)).await;
+    let mut config = WebhookConfig::new(format!("http://127.0.0.1:{port}/hook"));
+    config.retry_initial_ms = 20;
+    config.max_attempts = 5;
+    let hook = WebhookSink::start(&config).unwrap();
+    let mut options = ManagerOptions::new(instant_detector());
+    options.sinks.push(hook.queue());
+    let manager = StreamManager::start(options, vec![file_stream("file1")])
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(30), "five deliveries", || {
+        accepted.lock().unwrap().len() >= 5
+    })
+    .await;
+    let first = accepted.lock().unwrap()[0].clone();
+    assert_eq!(first["stream"], "file1");
+    assert_eq!(first["clock_source"], "local");
+    assert!(hook.stats().retried.load(Ordering::Relaxed) >= 3);
+    assert_eq!(hook.stats().gave_up.load(Ordering::Relaxed), 0);
+    assert!(requests.load(Ordering::SeqCst) >= 8);
+    manager.shutdown().await.unwrap();
+    hook.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_webhook_drops_its_oldest_events_and_never_slows_detection() {
+    let (port, _, _) = endpoint(Behaviour::Hang).await;
+    let mut config = WebhookConfig::new(format!("http://127.0.0.1:{port}/hook"));
+    config.timeout_ms = 60_000;
+    config.queue = 4;
+    let hook = WebhookSink::start(&config).unwrap();
+    let queue = hook.queue();
+    let mut options = ManagerOptions::new(instant_detector());
+    options.sinks.push(queue.clone());
+    let mut stream = file_stream("fast");
+    stream.realtime = false;
+    stream.fps = None;
+    let manager = StreamManager::start(options, vec![stream]).await.unwrap();
+    let mut events = manager.subscribe("fast").await.unwrap();
+    // Detection keeps going at full speed while the sink is stuck on its first request.
+    for _ in 0..100 {
+        tokio::time::timeout(Duration::from_secs(20), events.recv())
+            .await
+            .expect("detection is not stalled")
+            .expect("event");
+    }
+    assert!(queue.len() <= 4);
+    assert!(queue.dropped() > 50, "dropped {}", queue.dropped());
+    let report = manager.status("fast").await.unwrap();
+    assert!(report.counters.frames_detected >= 100);
+    manager.shutdown().await.unwrap();
+    hook.shut_down().await;
+}

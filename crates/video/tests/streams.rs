@@ -1,0 +1,112 @@
+//! Streams through the manager against GStreamer's RTSP server: several cameras over TCP
+//! and UDP, H.264 and H.265, events on per-stream and all-stream feeds, sampling, status,
+//! and a subscriber that never reads.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use peregrine_video::source::rtsp::RtspTransport;
+use peregrine_video::telemetry::DropReason;
+use peregrine_video::{ClockSource, ManagerError, ManagerOptions, StreamConfig, StreamManager, StreamStatus};
+use support::{h265_clip, instant_detector, shared_clip, RtspServer};
+
+fn camera(name: &str, url: String, transport: RtspTransport, fps: Option<f64>) -> StreamConfig {
+    let mut c = StreamConfig::new(name, url);
+    c.transport = transport;
+    c.fps = fps;
+    c.decode_threads = 1;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_cameras_deliver_sampled_events_with_rtcp_capture_times() {
+    let server = RtspServer::start(&[
+        ("bikes", shared_clip("bikes.mp4")),
+        ("bikes265", h265_clip()),
+        ("bbb", shared_clip("bigbuckbunny.mp4")),
+    ]);
+    let cameras = vec![
+        camera("h264-tcp", server.url("bikes"), RtspTransport::Tcp, Some(5.0)),
+        camera("h264-udp", server.url("bikes"), RtspTransport::Udp, Some(5.0)),
+        camera("h265-tcp", server.url("bikes265"), RtspTransport::Tcp, None),
+        camera("h265-udp", server.url("bikes265"), RtspTransport::Udp, Some(10.0)),
+        camera("720p-tcp", server.url("bbb"), RtspTransport::Tcp, Some(5.0)),
+    ];
+    let detector = instant_detector();
+    let manager = StreamManager::start(ManagerOptions::new(detector.clone()), cameras)
+        .await
+        .expect("start");
+    let mut all = manager.subscribe_all().await.unwrap();
+    let mut one = manager.subscribe("720p-tcp").await.unwrap();
+    // A subscriber that never reads: it must not hold anything up.
+    let _idle = manager.subscribe_all().await.unwrap();
+
+    // Until every camera has delivered an event timed by an RTCP sender report (GStreamer
+    // sends its first within about 5 s) and a few more.
+    let mut per_stream: BTreeMap<String, Vec<(u64, f64, ClockSource)>> = BTreeMap::new();
+    let names: BTreeSet<&str> = ["h264-tcp", "h264-udp", "h265-tcp", "h265-udp", "720p-tcp"].into();
+    let done = |m: &BTreeMap<String, Vec<(u64, f64, ClockSource)>>| {
+        names.iter().all(|n| {
+            m.get(*n).is_some_and(|v| {
+                v.len() >= 10 && v.iter().filter(|e| e.2 == ClockSource::RtcpSenderReport).count() >= 3
+            })
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !done(&per_stream) {
+            let e = all.recv().await.expect("feed open");
+            let expected = if e.stream.starts_with("720p") {
+                (1280, 720)
+            } else {
+                (640, 272)
+            };
+            assert_eq!((e.width, e.height), expected, "{}", e.stream);
+            assert_eq!(e.detections.len(), 1);
+            assert_eq!(e.class_names.name(0), "frame");
+            assert!(e.latency < Duration::from_secs(5), "{:?}", e.latency);
+            per_stream.entry(e.stream.to_string()).or_default().push((
+                e.seq,
+                e.pts.seconds,
+                e.capture.source,
+            ));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("not every camera delivered in 60 s: {:?}", per_stream.keys()));
+
+    for (name, events) in &per_stream {
+        for pair in events.windows(2) {
+            assert!(pair[1].0 > pair[0].0, "{name}: seq increases");
+            assert!(pair[1].1 > pair[0].1, "{name}: pts increases");
+        }
+    }
+    let first = one.recv().await.expect("per-stream feed");
+    assert_eq!(&*first.stream, "720p-tcp");
+
+    // Sampling: 5 of 25 fps kept; every frame when no rate is set.
+    for (name, expect) in [("h264-tcp", 0.2), ("h265-tcp", 1.0), ("h265-udp", 0.4)] {
+        let r = manager.status(name).await.unwrap();
+        assert!(
+            matches!(r.status, StreamStatus::Streaming { .. }),
+            "{name}: {:?}",
+            r.status
+        );
+        let c = &r.counters;
+        let handed = (c.frames_detected + c.dropped_total()) as f64;
+        let ratio = handed / c.frames_decoded as f64;
+        assert!(
+            (ratio - expect).abs() < 0.1,
+            "{name}: {ratio:.2} of decoded frames sampled: {c:?}"
+        );
+        assert!(c.frames_received >= c.frames_decoded.saturating_sub(5));
+        assert_eq!(c.dropped(DropReason::DecodeError), 0, "{name}: {c:?}");
+    }
+    let list = manager.list().await.unwrap();
+    assert_eq!(list.len(), 5);
+    assert!(list.iter().all(|s| s.source.contains("127.0.0.1")));
+    manager.shutdown().await.unwrap();
+    assert!(matches!(manager.list().await, Err(ManagerError::ShutDown)));
+    assert!(all.missed() < 100);
+}

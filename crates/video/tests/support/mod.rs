@@ -1,0 +1,272 @@
+//! Real peers for the integration tests (GStreamer's RTSP server, mosquitto) and fake
+//! detectors. Every peer listens on a port found free by binding port 0, is started by the
+//! test and killed when its guard drops.
+
+#![allow(dead_code)]
+
+pub mod engine_detector;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use peregrine_types::{BBox, ClassNames, Detection};
+use peregrine_video::{DetectError, Frame, FrameDetector};
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn shared_clip(name: &str) -> PathBuf {
+    repo_root().join("../shared/videos").join(name)
+}
+
+pub fn h265_clip() -> PathBuf {
+    let p = repo_root().join(".cache/videos/bikes-h265.mp4");
+    assert!(
+        p.exists(),
+        "{} missing: run make setup and scripts/setup-test.sh",
+        p.display()
+    );
+    p
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Waits (polling, bounded) until `check` holds; panics with `what` on timeout.
+pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut check: F) {
+    let started = std::time::Instant::now();
+    while !check() {
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// GStreamer's RTSP server (scripts/rtsp-test-server.py) serving clips in a loop.
+pub struct RtspServer {
+    child: Option<Child>,
+    pub port: u16,
+    mounts: Vec<String>,
+}
+
+impl RtspServer {
+    /// `mounts`: `("name", path)`; served at `rtsp://127.0.0.1:<port>/name`.
+    pub fn start(mounts: &[(&str, PathBuf)]) -> Self {
+        Self::start_on(
+            0,
+            mounts
+                .iter()
+                .map(|(m, p)| format!("{m}={}", p.display()))
+                .collect(),
+        )
+    }
+
+    fn start_on(port: u16, mounts: Vec<String>) -> Self {
+        let script = repo_root().join("scripts/rtsp-test-server.py");
+        // The system Python has the GObject bindings (not a pyenv one on PATH).
+        let mut child = Command::new("/usr/bin/python3")
+            .arg(&script)
+            .arg("--port")
+            .arg(port.to_string())
+            .args(&mounts)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the RTSP test server (run make setup and scripts/setup-test.sh)");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            // Keep draining so the server never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("RTSP test server did not report READY within 60 s");
+        let port = line
+            .strip_prefix("READY ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("unexpected line from the RTSP server: {line}"));
+        Self {
+            child: Some(child),
+            port,
+            mounts,
+        }
+    }
+
+    pub fn url(&self, mount: &str) -> String {
+        format!("rtsp://127.0.0.1:{}/{mount}", self.port)
+    }
+
+    /// Kills the server (abruptly, like a camera losing power).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port with the same mounts.
+    pub fn restart(&mut self) {
+        self.stop();
+        let mut fresh = Self::start_on(self.port, self.mounts.clone());
+        self.child = fresh.child.take();
+    }
+}
+
+impl Drop for RtspServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A mosquitto broker on a free port, anonymous, loopback only.
+pub struct Mosquitto {
+    child: Child,
+    pub port: u16,
+    _dir: TempDir,
+}
+
+impl Mosquitto {
+    pub fn start() -> Self {
+        let dir = TempDir::new("mosquitto");
+        let port = free_port();
+        let conf = dir.0.join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
+        )
+        .expect("write mosquitto.conf");
+        let child = Command::new(mosquitto_binary())
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mosquitto (run make setup and scripts/setup-test.sh)");
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "mosquitto did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+}
+
+fn mosquitto_binary() -> &'static str {
+    if std::path::Path::new("/usr/sbin/mosquitto").exists() {
+        "/usr/sbin/mosquitto"
+    } else {
+        "mosquitto"
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "pv-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A detector that answers at once with one box covering the frame, after checking the
+/// pixels are there; counts its calls.
+#[derive(Default)]
+pub struct InstantDetector {
+    pub calls: AtomicUsize,
+}
+
+impl FrameDetector for InstantDetector {
+    fn detect(
+        &self,
+        frame: Frame,
+        _deadline: std::time::Instant,
+    ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let ok = frame.data().len() >= frame.stride() * frame.height() as usize;
+        let (w, h) = (frame.width() as f32, frame.height() as f32);
+        drop(frame);
+        Box::pin(async move {
+            if !ok {
+                return Err(DetectError::Failed("short frame".into()));
+            }
+            Ok(vec![Detection {
+                class_id: 0,
+                score: 0.9,
+                bbox: BBox::new(0.0, 0.0, w, h),
+            }])
+        })
+    }
+
+    fn class_names(&self) -> ClassNames {
+        ClassNames::new(vec!["frame".into()])
+    }
+}
+
+pub fn instant_detector() -> Arc<InstantDetector> {
+    Arc::new(InstantDetector::default())
+}
+
+/// Resident memory of this process, in kB.
+pub fn rss_kb() -> u64 {
+    proc_status("VmRSS:")
+}
+
+/// OS threads of this process.
+pub fn os_threads() -> u64 {
+    proc_status("Threads:")
+}
+
+fn proc_status(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}

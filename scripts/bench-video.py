@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""How many 720p25 cameras this machine serves with detection, through the real server.
+
+Starts `peregrine serve` with no streams, then, for each count N in the sweep, adds looped
+copies of a 720p25 clip (played at its own rate, like cameras) until N run, lets them
+settle, and measures for a while from the server's own metrics: frames detected per
+stream per second, frames dropped, and the glass-to-result latency (capture to result
+published). A count keeps up when every stream gets at least 95% of its target rate.
+
+    scripts/bench-video.py --bin target/release/peregrine --clip ../shared/videos/bigbuckbunny.mp4 \\
+        --fps 5 --streams 2,3,4 [--seconds 15] [-- extra serve flags]
+
+Standard library only, so it runs wherever the binary does.
+"""
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+CLIP_FPS = 25.0
+
+
+def metrics(base):
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    counters, buckets = {}, {}
+    for line in text.splitlines():
+        m = re.match(r'^(peregrine_stream_\w+)\{([^}]*)\} ([0-9.e+-]+|\+Inf)$', line)
+        if not m:
+            continue
+        name, labels, value = m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))), float(m.group(3))
+        if name == "peregrine_stream_glass_to_result_seconds_bucket":
+            le = math.inf if labels["le"] == "+Inf" else float(labels["le"])
+            buckets[le] = buckets.get(le, 0) + value
+        elif name.endswith("_total"):
+            key = (name, labels.get("stream"), labels.get("reason"))
+            counters[key] = counters.get(key, 0) + value
+    return counters, buckets
+
+
+def total(c, name, stream=None):
+    return sum(v for (n, s, _), v in c.items() if n == name and (stream is None or s == stream))
+
+
+def quantile(before, after, q):
+    edges = sorted(after)
+    cum = [(le, after[le] - before.get(le, 0)) for le in edges]
+    n = cum[-1][1] if cum else 0
+    if n <= 0:
+        return float("nan")
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in cum:
+        if c >= q * n:
+            if le == math.inf:
+                return prev_le
+            return prev_le + (le - prev_le) * (q * n - prev_c) / max(c - prev_c, 1e-9)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def post(base, body):
+    req = urllib.request.Request(base + "/v1/streams", data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    urllib.request.urlopen(req, timeout=60).read()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--clip", required=True)
+    ap.add_argument("--fps", type=float, required=True, help="detections per second per stream; 0: every frame")
+    ap.add_argument("--streams", required=True, help="comma-separated counts, ascending")
+    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--settle", type=float, default=5)
+    ap.add_argument("serve_args", nargs="*")
+    a = ap.parse_args()
+    target = a.fps if a.fps > 0 else CLIP_FPS
+    proc = subprocess.Popen([a.bin, "serve", "--host", "127.0.0.1", "--port", "0", "--allow-grpc", "false",
+                             "--log-level", "warn", *a.serve_args], stderr=subprocess.PIPE, text=True)
+    base = None
+    for line in proc.stderr:
+        m = re.match(r"peregrine: listening on (http://\S+)", line)
+        if m:
+            base = m.group(1)
+            break
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    deadline = time.time() + 300
+    while True:
+        try:
+            if urllib.request.urlopen(base + "/health/ready", timeout=2).status == 200:
+                break
+        except OSError:
+            pass
+        if time.time() > deadline or proc.poll() is not None:
+            sys.exit("the server did not become ready")
+        time.sleep(0.2)
+    mode = f"{a.fps:g} fps" if a.fps > 0 else "every frame"
+    print(f"| streams | mode | detected / s per stream (min, mean) | dropped / s | glass-to-result P50 / P99 ms | keeps up |")
+    print("|---|---|---|---|---|---|")
+    running = 0
+    try:
+        for n in [int(x) for x in a.streams.split(",")]:
+            while running < n:
+                running += 1
+                body = {"name": f"cam{running}", "url": a.clip, "loop": True, "realtime": True,
+                        "staleness_ms": 1000, "frame_pool": 6}
+                if a.fps > 0:
+                    body["fps"] = a.fps
+                post(base, body)
+            time.sleep(a.settle)
+            c0, b0 = metrics(base)
+            time.sleep(a.seconds)
+            c1, b1 = metrics(base)
+            rates = [(total(c1, "peregrine_stream_frames_detected_total", f"cam{i}")
+                      - total(c0, "peregrine_stream_frames_detected_total", f"cam{i}")) / a.seconds
+                     for i in range(1, n + 1)]
+            dropped = (total(c1, "peregrine_stream_frames_dropped_total")
+                       - total(c0, "peregrine_stream_frames_dropped_total")) / a.seconds
+            p50, p99 = quantile(b0, b1, 0.5) * 1e3, quantile(b0, b1, 0.99) * 1e3
+            ok = min(rates) >= 0.95 * target
+            print(f"| {n} | {mode} | {min(rates):.2f}, {sum(rates) / n:.2f} | {dropped:.1f} | {p50:.0f} / {p99:.0f} | {'yes' if ok else 'no'} |",
+                  flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()
