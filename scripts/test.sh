@@ -10,7 +10,7 @@ cd "$root"
 log="$(mktemp)"
 pylog="$(mktemp)"
 trap 'rm -f "$log" "$pylog"' EXIT
-cargo test --workspace --locked "$@" 2>&1 | tee "$log"
+cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 # The client suite runs the debug binary the integration tests just built.
 PEREGRINE_BIN="$root/target/debug/peregrine" .cache/venv/bin/python -m pytest -q -p no:cacheprovider tests/triton tests/video 2>&1 | tee "$pylog"

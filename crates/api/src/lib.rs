@@ -18,6 +18,10 @@
 mod body;
 mod detect;
 mod error;
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 mod health;
 mod kserve;

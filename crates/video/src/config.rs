@@ -326,7 +326,7 @@ mod tests {
             demo.backoff.multiplier, 2.0,
             "unspecified backoff fields keep defaults"
         );
-        assert_eq!(cfg.mqtt.unwrap().port, 1883);
+        assert_eq!(cfg.mqtt.unwrap().effective_port(), 1883);
         assert_eq!(cfg.webhooks.len(), 1);
     }
 

@@ -8,13 +8,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use peregrine_video::sinks::mqtt::{MqttConfig, MqttSink};
 use peregrine_video::sinks::webhook::{WebhookConfig, WebhookSink};
 use peregrine_video::sinks::ConfiguredSinks;
 use peregrine_video::{ManagerOptions, StreamConfig, StreamManager, VideoConfig};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::Value;
+use support::tls::TestCa;
 use support::{eventually, h265_clip, instant_detector, shared_clip, Mosquitto, RtspServer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// An MQTT subscriber: every publish it receives as (topic, payload, retained).
 async fn subscriber(
@@ -196,6 +198,15 @@ enum Behaviour {
 
 /// A minimal HTTP/1.1 endpoint; returns its port and the bodies it accepted (200).
 async fn endpoint(behaviour: Behaviour) -> (u16, Arc<std::sync::Mutex<Vec<Value>>>, Arc<AtomicUsize>) {
+    endpoint_on(behaviour, None).await
+}
+
+/// The same, over TLS when `tls` is given (connections failing the handshake are counted
+/// as nothing).
+async fn endpoint_on(
+    behaviour: Behaviour,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> (u16, Arc<std::sync::Mutex<Vec<Value>>>, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -203,61 +214,77 @@ async fn endpoint(behaviour: Behaviour) -> (u16, Arc<std::sync::Mutex<Vec<Value>
     let (acc, reqs) = (accepted.clone(), requests.clone());
     tokio::spawn(async move {
         loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
+            let Ok((sock, _)) = listener.accept().await else {
                 return;
             };
-            let (acc, reqs) = (acc.clone(), reqs.clone());
+            let (acc, reqs, tls) = (acc.clone(), reqs.clone(), tls.clone());
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    // One request per read cycle: headers, then content-length bytes.
-                    let (head_end, length) = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            let head = String::from_utf8_lossy(&buf[..i]).to_lowercase();
-                            let length = head
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length:"))
-                                .and_then(|v| v.trim().parse::<usize>().ok())
-                                .unwrap_or(0);
-                            break (i + 4, length);
+                match tls {
+                    None => serve_requests(sock, behaviour, acc, reqs).await,
+                    Some(tls) => {
+                        if let Ok(sock) = tls.accept(sock).await {
+                            serve_requests(sock, behaviour, acc, reqs).await
                         }
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    while buf.len() < head_end + length {
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let body: Vec<u8> = buf[head_end..head_end + length].to_vec();
-                    buf.drain(..head_end + length);
-                    let n = reqs.fetch_add(1, Ordering::SeqCst);
-                    let status = match behaviour {
-                        Behaviour::Hang => {
-                            std::future::pending::<()>().await;
-                            unreachable!()
-                        }
-                        Behaviour::FailFirst(k) if n < k => "500 Internal Server Error",
-                        Behaviour::FailFirst(_) => {
-                            acc.lock()
-                                .unwrap()
-                                .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
-                            "200 OK"
-                        }
-                    };
-                    let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
-                    if sock.write_all(reply.as_bytes()).await.is_err() {
-                        return;
                     }
                 }
             });
         }
     });
     (port, accepted, requests)
+}
+
+async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
+    mut sock: S,
+    behaviour: Behaviour,
+    acc: Arc<std::sync::Mutex<Vec<Value>>>,
+    reqs: Arc<AtomicUsize>,
+) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        // One request per read cycle: headers, then content-length bytes.
+        let (head_end, length) = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..i]).to_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                break (i + 4, length);
+            }
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        while buf.len() < head_end + length {
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body: Vec<u8> = buf[head_end..head_end + length].to_vec();
+        buf.drain(..head_end + length);
+        let n = reqs.fetch_add(1, Ordering::SeqCst);
+        let status = match behaviour {
+            Behaviour::Hang => {
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+            Behaviour::FailFirst(k) if n < k => "500 Internal Server Error",
+            Behaviour::FailFirst(_) => {
+                acc.lock()
+                    .unwrap()
+                    .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+                "200 OK"
+            }
+        };
+        let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+        if sock.write_all(reply.as_bytes()).await.is_err() {
+            return;
+        }
+    }
 }
 
 fn file_stream(name: &str) -> StreamConfig {
@@ -322,4 +349,105 @@ async fn a_hanging_webhook_drops_its_oldest_events_and_never_slows_detection() {
     assert!(report.counters.frames_detected >= 100);
     manager.shutdown().await.unwrap();
     hook.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_over_tls_reaches_a_broker_the_configured_ca_vouches_for_and_no_other() {
+    let ca = TestCa::new();
+    let broker = Mosquitto::start_tls(&ca);
+    let tls_port = broker.tls_port.unwrap();
+    let mut trusted_rx = subscriber(broker.port, "trusted", "pv-tls/#").await;
+    let mut untrusted_rx = subscriber(broker.port, "untrusted", "pv-untrusted/#").await;
+    let mut trusted = MqttConfig::new("127.0.0.1", tls_port);
+    trusted.tls = true;
+    trusted.ca_file = Some(ca.ca_file());
+    trusted.topic_prefix = "pv-tls".into();
+    trusted.client_id = "peregrine-trusted".into();
+    // The same broker without its CA: the public roots do not vouch for it.
+    let mut untrusted = trusted.clone();
+    untrusted.ca_file = None;
+    untrusted.topic_prefix = "pv-untrusted".into();
+    untrusted.client_id = "peregrine-untrusted".into();
+    let sinks = [
+        MqttSink::start(&trusted).unwrap(),
+        MqttSink::start(&untrusted).unwrap(),
+    ];
+    let mut options = ManagerOptions::new(instant_detector());
+    options.sinks = sinks.iter().map(MqttSink::queue).collect();
+    let manager = StreamManager::start(options, vec![file_stream("tls1")])
+        .await
+        .unwrap();
+    mqtt_wait_for(&mut trusted_rx, "pv-tls/tls1/detections", |p| {
+        serde_json::from_slice::<Value>(p).is_ok_and(|v| v["stream"] == "tls1")
+    })
+    .await;
+    // Detections have flowed for a while by now; none may have crossed the untrusted link.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        untrusted_rx.try_recv().is_err(),
+        "a sink published through a broker it could not verify"
+    );
+    manager.shutdown().await.unwrap();
+    for sink in sinks {
+        sink.shut_down().await;
+    }
+}
+
+#[test]
+fn tls_settings_are_checked_when_a_sink_starts() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let mut mqtt = MqttConfig::new("127.0.0.1", 8883);
+    mqtt.ca_file = Some("/nonexistent/ca.pem".into());
+    let err = MqttSink::start(&mqtt).unwrap_err().to_string();
+    assert!(err.contains("need tls = true"), "{err}");
+    mqtt.tls = true;
+    let err = MqttSink::start(&mqtt).unwrap_err().to_string();
+    assert!(err.contains("ca_file /nonexistent/ca.pem"), "{err}");
+    let mut hook = WebhookConfig::new("http://127.0.0.1:1/hook");
+    hook.ca_file = Some("/nonexistent/ca.pem".into());
+    let err = WebhookSink::start(&hook).unwrap_err().to_string();
+    assert!(err.contains("need an https:// url"), "{err}");
+    let err = WebhookSink::start(&WebhookConfig::new("ftp://127.0.0.1/x"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("http:// or https://, not ftp://"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_webhooks_deliver_to_an_endpoint_the_configured_ca_vouches_for_and_no_other() {
+    let ca = TestCa::new();
+    let (port, accepted, _) = endpoint_on(Behaviour::FailFirst(0), Some(ca.acceptor())).await;
+    let mut trusted = WebhookConfig::new(format!("https://127.0.0.1:{port}/hook"));
+    trusted.ca_file = Some(ca.ca_file());
+    let (other_port, other_accepted, _) = endpoint_on(Behaviour::FailFirst(0), Some(ca.acceptor())).await;
+    let mut untrusted = WebhookConfig::new(format!("https://127.0.0.1:{other_port}/hook"));
+    untrusted.max_attempts = 2;
+    untrusted.retry_initial_ms = 20;
+    let hooks = [
+        WebhookSink::start(&trusted).unwrap(),
+        WebhookSink::start(&untrusted).unwrap(),
+    ];
+    let mut options = ManagerOptions::new(instant_detector());
+    options.sinks = hooks.iter().map(WebhookSink::queue).collect();
+    let manager = StreamManager::start(options, vec![file_stream("https1")])
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(30), "deliveries over https", || {
+        accepted.lock().unwrap().len() >= 3
+    })
+    .await;
+    assert_eq!(accepted.lock().unwrap()[0]["stream"], "https1");
+    eventually(
+        Duration::from_secs(30),
+        "the untrusted endpoint given up on",
+        || hooks[1].stats().gave_up.load(Ordering::Relaxed) >= 1,
+    )
+    .await;
+    assert!(other_accepted.lock().unwrap().is_empty());
+    assert_eq!(hooks[1].stats().delivered.load(Ordering::Relaxed), 0);
+    manager.shutdown().await.unwrap();
+    for hook in hooks {
+        hook.shut_down().await;
+    }
 }

@@ -3,7 +3,7 @@
 //! standard `grpc.health.v1.Health`, on a port of their own. Inference shares
 //! `kserve::infer` with REST; errors map to gRPC codes in [`ApiError::grpc_code`].
 
-mod convert;
+pub(crate) mod convert;
 
 pub mod proto {
     #![allow(clippy::all, clippy::pedantic, missing_docs)]

@@ -13,7 +13,7 @@
 pub(crate) mod describe;
 pub(crate) mod face;
 pub(crate) mod infer;
-mod rest;
+pub(crate) mod rest;
 pub(crate) mod tensor;
 
 use std::sync::atomic::Ordering;

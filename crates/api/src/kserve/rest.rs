@@ -122,7 +122,7 @@ async fn run(
 /// Which outputs go back as binary: the per-output `binary_data` parameter, else the
 /// request's `binary_data_output`.
 #[derive(Debug, Default)]
-struct BinaryOutputs {
+pub(crate) struct BinaryOutputs {
     default: bool,
     by_name: Vec<(String, bool)>,
 }
@@ -136,7 +136,7 @@ impl BinaryOutputs {
     }
 }
 
-fn parse(headers: &HeaderMap, body: Bytes) -> Result<(InferRequest, BinaryOutputs), ApiError> {
+pub(crate) fn parse(headers: &HeaderMap, body: Bytes) -> Result<(InferRequest, BinaryOutputs), ApiError> {
     let header_len = match headers.get(HEADER_LENGTH) {
         None => body.len(),
         Some(v) => v

@@ -120,7 +120,7 @@ pub fn identity_model(dims: &[&str], names: usize) -> Vec<u8> {
     .encode_to_vec()
 }
 
-/// ONNX Runtime, loaded once: `ORT_DYLIB_PATH`, else the main checkout's `make setup` cache.
+/// ONNX Runtime, loaded once: `ORT_DYLIB_PATH`, else this checkout's `make setup` cache.
 pub fn environment() -> Environment {
     static ENV: OnceLock<Environment> = OnceLock::new();
     ENV.get_or_init(|| {
@@ -128,7 +128,7 @@ pub fn environment() -> Environment {
             .map(PathBuf::from)
             .unwrap_or_else(|| {
                 PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join("../../../main/.cache/onnxruntime/1.31.1/libonnxruntime.so.1.31.1")
+                    .join("../../.cache/onnxruntime/1.31.1/libonnxruntime.so.1.31.1")
             });
         ort::init_from(&path)
             .unwrap_or_else(|e| panic!("cannot load ONNX Runtime from {}: {e}", path.display()))

@@ -6,6 +6,7 @@
 //! never slows detection or the other sinks.
 
 pub mod mqtt;
+pub mod tls;
 pub mod webhook;
 pub mod wire;
 

@@ -15,13 +15,17 @@
 //! channel (`REQUEST_CHANNEL` entries; the publisher waits on it, so while the broker is
 //! away the drops happen in the sink queue, oldest first).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Outgoing, Packet, QoS};
+use rumqttc::{
+    AsyncClient, Event, LastWill, MqttOptions, Outgoing, Packet, QoS, TlsConfiguration, Transport,
+};
 use serde::Deserialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::tls::{self, TlsFiles};
 use super::{wire, SinkError, SinkQueue};
 use crate::event::SinkMessage;
 use crate::telemetry;
@@ -37,8 +41,17 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 #[serde(deny_unknown_fields)]
 pub struct MqttConfig {
     pub host: String,
-    #[serde(default = "defaults::port")]
-    pub port: u16,
+    /// Absent: 1883, or 8883 with `tls`.
+    pub port: Option<u16>,
+    /// Connect over TLS (MQTTS), verifying the broker's certificate.
+    #[serde(default)]
+    pub tls: bool,
+    /// PEM CA certificates trusted for `tls` besides the bundled public roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate chain for mutual TLS; needs `client_key_file`.
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of `client_cert_file`.
+    pub client_key_file: Option<PathBuf>,
     #[serde(default = "defaults::client_id")]
     pub client_id: String,
     #[serde(default = "defaults::prefix")]
@@ -57,6 +70,10 @@ impl std::fmt::Debug for MqttConfig {
         f.debug_struct("MqttConfig")
             .field("host", &self.host)
             .field("port", &self.port)
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert_file", &self.client_cert_file)
+            .field("client_key_file", &self.client_key_file)
             .field("client_id", &self.client_id)
             .field("topic_prefix", &self.topic_prefix)
             .field("username", &self.username)
@@ -66,9 +83,6 @@ impl std::fmt::Debug for MqttConfig {
 }
 
 mod defaults {
-    pub fn port() -> u16 {
-        1883
-    }
     pub fn client_id() -> String {
         "peregrine".into()
     }
@@ -87,13 +101,30 @@ impl MqttConfig {
     pub fn new(host: impl Into<String>, port: u16) -> Self {
         Self {
             host: host.into(),
-            port,
+            port: Some(port),
+            tls: false,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
             client_id: defaults::client_id(),
             topic_prefix: defaults::prefix(),
             username: None,
             password: None,
             queue: defaults::queue(),
             keep_alive_s: defaults::keep_alive_s(),
+        }
+    }
+
+    /// The port connected to: the one given, else MQTT's own for plain or TLS.
+    pub fn effective_port(&self) -> u16 {
+        self.port.unwrap_or(if self.tls { 8883 } else { 1883 })
+    }
+
+    fn tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.ca_file.clone(),
+            client_cert_file: self.client_cert_file.clone(),
+            client_key_file: self.client_key_file.clone(),
         }
     }
 
@@ -127,7 +158,15 @@ impl MqttSink {
         if config.topic_prefix.is_empty() || config.topic_prefix.contains(['#', '+']) {
             return Err(bad("topic_prefix must be non-empty, without '#' or '+'"));
         }
-        let mut options = MqttOptions::new(&config.client_id, &config.host, config.port);
+        let mut options = MqttOptions::new(&config.client_id, &config.host, config.effective_port());
+        if config.tls {
+            let tls = tls::client_config(&config.tls_files()).map_err(|e| bad(&e))?;
+            options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(tls)));
+        } else if !config.tls_files().is_empty() {
+            return Err(bad(
+                "ca_file, client_cert_file and client_key_file need tls = true",
+            ));
+        }
         options.set_keep_alive(Duration::from_secs(config.keep_alive_s.max(5)));
         options.set_clean_session(true);
         options.set_last_will(LastWill::new(

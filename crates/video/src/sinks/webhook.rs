@@ -4,6 +4,7 @@
 //! request will not fix it. While a delivery is being retried, newer events wait in the
 //! sink's queue, which drops its oldest when full.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::task::JoinHandle;
 
+use super::tls::{self, TlsFiles};
 use super::{wire, SinkError, SinkQueue};
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::event::SinkMessage;
@@ -22,8 +24,14 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// `http://` endpoint (this build has no TLS client).
+    /// `http://` or `https://` endpoint; an https server's certificate is verified.
     pub url: String,
+    /// PEM CA certificates trusted for https besides the bundled public roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate chain for mutual TLS; needs `client_key_file`.
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of `client_cert_file`.
+    pub client_key_file: Option<PathBuf>,
     /// Per request.
     #[serde(default = "defaults::timeout_ms")]
     pub timeout_ms: u64,
@@ -67,6 +75,9 @@ impl WebhookConfig {
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
             timeout_ms: defaults::timeout_ms(),
             max_attempts: defaults::max_attempts(),
             retry_initial_ms: defaults::retry_initial_ms(),
@@ -101,16 +112,26 @@ impl WebhookSink {
             problem,
         };
         let url = reqwest::Url::parse(&config.url).map_err(|e| bad(format!("bad url: {e}")))?;
-        if url.scheme() != "http" {
-            return Err(bad(format!(
-                "url must be http:// in this build, not {}://",
-                url.scheme()
-            )));
+        let files = TlsFiles {
+            ca_file: config.ca_file.clone(),
+            client_cert_file: config.client_cert_file.clone(),
+            client_key_file: config.client_key_file.clone(),
+        };
+        let mut client = reqwest::Client::builder().timeout(Duration::from_millis(config.timeout_ms.max(1)));
+        match url.scheme() {
+            "https" => {
+                let tls = tls::client_config(&files).map_err(bad)?;
+                client = client.use_preconfigured_tls(Arc::unwrap_or_clone(tls));
+            }
+            "http" if files.is_empty() => {}
+            "http" => {
+                return Err(bad(
+                    "ca_file, client_cert_file and client_key_file need an https:// url".into(),
+                ))
+            }
+            other => return Err(bad(format!("url must be http:// or https://, not {other}://"))),
         }
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_millis(config.timeout_ms.max(1)))
-            .build()
-            .map_err(|e| bad(e.to_string()))?;
+        let client = client.build().map_err(|e| bad(e.to_string()))?;
         let queue = SinkQueue::new("webhook", config.queue);
         let stats = Arc::new(WebhookStats::default());
         let delivery = Delivery {

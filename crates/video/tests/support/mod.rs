@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod engine_detector;
+pub mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -136,23 +137,40 @@ impl Drop for RtspServer {
     }
 }
 
-/// A mosquitto broker on a free port, anonymous, loopback only.
+/// A mosquitto broker on a free port, anonymous, loopback only; with [`Mosquitto::start_tls`]
+/// also a TLS listener whose certificate the test CA signed.
 pub struct Mosquitto {
     child: Child,
     pub port: u16,
+    pub tls_port: Option<u16>,
     _dir: TempDir,
 }
 
 impl Mosquitto {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    pub fn start_tls(ca: &tls::TestCa) -> Self {
+        Self::start_with(Some(ca))
+    }
+
+    fn start_with(ca: Option<&tls::TestCa>) -> Self {
         let dir = TempDir::new("mosquitto");
         let port = free_port();
         let conf = dir.0.join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
-        )
-        .expect("write mosquitto.conf");
+        let mut text = format!("allow_anonymous true\npersistence false\nlistener {port} 127.0.0.1\n");
+        let tls_port = ca.map(|ca| {
+            let tls_port = free_port();
+            text.push_str(&format!(
+                "listener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n",
+                ca.ca_file().display(),
+                ca.server_cert_file().display(),
+                ca.server_key_file().display()
+            ));
+            tls_port
+        });
+        std::fs::write(&conf, text).expect("write mosquitto.conf");
         let child = Command::new(mosquitto_binary())
             .arg("-c")
             .arg(&conf)
@@ -161,16 +179,19 @@ impl Mosquitto {
             .spawn()
             .expect("start mosquitto (run make setup and scripts/setup-test.sh)");
         let started = std::time::Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "mosquitto did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        for p in std::iter::once(port).chain(tls_port) {
+            while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "mosquitto did not listen"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
         Self {
             child,
             port,
+            tls_port,
             _dir: dir,
         }
     }
