@@ -60,6 +60,14 @@ wants model && note "model alone: yolo11n-fp16 rewritten, ordinary (not pinned) 
 wants model && step 60 "$bin" bench-model --provider cuda --threads 1 --model "$data/models/yolo11n-fp16.onnx" \
     --graph-rewrite on --pinned-input false --batch 32,64 --seconds 2 --output "$out/m.json" $jpegs
 wants model && json "$out/m.json"
+# The same model with each batch size's session given its input shape (as the server's
+# per-size sessions are), against one dynamic-shape session, in one run.
+wants model && for fixed in --fixed-shapes ""; do
+    note "model alone: yolo11n rewritten, NHWC, ${fixed:-dynamic shapes}"
+    step 90 "$bin" bench-model --provider cuda --threads 1 --prefer-nhwc --graph-rewrite on $fixed \
+        --batch 4,16,32,64 --seconds 3 --output "$out/m.json" $jpegs
+    json "$out/m.json"
+done
 
 # 2. Detections on the GPU, for parity with the CPU path.
 wants parity && for v in "yolo11n on" "yolo11n off" "yolo11n-fp16 on"; do

@@ -12,6 +12,7 @@ mod staging;
 
 pub use error::BackendError;
 pub use ort_backend::{CudaOptions, ExecutionProvider, OrtBackend, SessionConfig, TensorRtOptions};
+use peregrine_types::model::Dim;
 pub use peregrine_types::ModelDescription;
 
 /// Where the next batch's input is written, in the model's input element type: float32
@@ -60,6 +61,9 @@ pub trait Backend: Send {
 pub struct PerBatchSize {
     /// Ascending by batch size.
     sessions: Vec<(usize, Box<dyn Backend>)>,
+    /// The sessions' model, with the batch dimension dynamic: each session may have its
+    /// own batch size fixed in its graph, but together they take every size listed.
+    description: ModelDescription,
 }
 
 impl PerBatchSize {
@@ -72,7 +76,20 @@ impl PerBatchSize {
             ));
         }
         sessions.sort_by_key(|(n, _)| *n);
-        Ok(Self { sessions })
+        let mut description = sessions[0].1.description().clone();
+        for tensor in description
+            .inputs
+            .iter_mut()
+            .chain(description.outputs.iter_mut())
+        {
+            if let Some(first) = tensor.dims.first_mut() {
+                *first = Dim::Dynamic;
+            }
+        }
+        Ok(Self {
+            sessions,
+            description,
+        })
     }
 
     fn session(&mut self, shape: [usize; 4]) -> Result<&mut Box<dyn Backend>, BackendError> {
@@ -92,7 +109,7 @@ impl PerBatchSize {
 
 impl Backend for PerBatchSize {
     fn description(&self) -> &ModelDescription {
-        self.sessions[0].1.description()
+        &self.description
     }
 
     fn input(&mut self, shape: [usize; 4]) -> Result<InputBuffer<'_>, BackendError> {

@@ -41,6 +41,12 @@ pub enum RewriteError {
     OutputShape { name: String, shape: String },
     #[error("top_k is 0; ask for at least one candidate per image, or None to keep the raw head")]
     ZeroTopK,
+    #[error("input {name:?} has shape {shape}, which cannot be fixed at {wanted}")]
+    FixedShape {
+        name: String,
+        shape: String,
+        wanted: String,
+    },
     #[error("tensor {0:?} has no type in the graph; the rewrite needs typed inputs and outputs")]
     Untyped(String),
 }

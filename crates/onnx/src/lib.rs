@@ -19,7 +19,8 @@
 //!
 //! Modules: [`proto`] (generated ONNX types), `tensor` (plain tensor descriptions), `edit`
 //! (adding nodes and constants under fresh names), `metadata` (Ultralytics metadata),
-//! [`input`] and [`output`] (the two rewrites).
+//! [`input`] and [`output`] (the two rewrites), `shape` ([`fix_input_shape`] for sessions
+//! that run one shape, and [`describe`]).
 
 pub mod proto;
 
@@ -28,6 +29,7 @@ mod error;
 pub mod input;
 mod metadata;
 pub mod output;
+mod shape;
 mod tensor;
 
 use peregrine_types::model::{CANDIDATES_FORM, OUTPUT_FORM_KEY};
@@ -35,6 +37,7 @@ use prost::Message;
 
 pub use error::RewriteError;
 pub use output::CANDIDATES;
+pub use shape::{describe, fix_input_shape};
 pub use tensor::{Dim, ElementType, TensorSpec};
 
 use edit::GraphEdit;

@@ -370,3 +370,48 @@ fn normalised_input_is_the_cpu_normalisers_bit_for_bit() {
         .count();
     assert_eq!(differing, 0, "float16 input differs in {differing} values");
 }
+
+/// A graph with its input shape fixed (one session per batch size) computes exactly what
+/// the dynamic graph does, for the plain and the fully rewritten model; its declared shape
+/// is the fixed one, and `describe` reads the file as ONNX Runtime does.
+#[test]
+fn fixed_input_shapes_give_the_dynamic_graphs_output_bit_for_bit() {
+    let original = common::model_bytes("yolo11n");
+    let rewritten = rewrite(&original, &RewriteOptions::default()).expect("rewrite fits");
+    let images = common::prepare_images(640, 640);
+    let batch: Vec<&Prepared> = [0, 5, 9].iter().map(|&i| &images[i]).collect();
+    let (mut fbuf, mut ubuf) = (Vec::new(), Vec::new());
+    for (model, u8_input) in [(&original, false), (&rewritten.model, true)] {
+        let fixed = peregrine_onnx::fix_input_shape(model, batch.len(), 640, 640).expect("fixes");
+        let mut dynamic = common::session(model);
+        let mut fixed_session = common::session(&fixed);
+        assert_eq!(
+            common::describe(&fixed_session).inputs,
+            peregrine_onnx::describe(&fixed).unwrap().inputs,
+            "describe reads what ONNX Runtime reads"
+        );
+        let fixed_dims = &common::describe(&fixed_session).inputs[0].dims;
+        assert!(fixed_dims.iter().all(|d| d.fixed().is_some()), "{fixed_dims:?}");
+        let (a, b) = if u8_input {
+            let shape = common::u8_batch(&batch, &mut ubuf);
+            (
+                common::run_u8(&mut dynamic, shape, &ubuf),
+                common::run_u8(&mut fixed_session, shape, &ubuf),
+            )
+        } else {
+            let shape = common::planar_batch(&batch, &mut fbuf);
+            (
+                common::run_f32(&mut dynamic, shape, &fbuf),
+                common::run_f32(&mut fixed_session, shape, &fbuf),
+            )
+        };
+        assert_eq!(a.shape, b.shape);
+        let differing = a
+            .data
+            .iter()
+            .zip(&b.data)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(differing, 0, "u8 input {u8_input}: {differing} values differ");
+    }
+}

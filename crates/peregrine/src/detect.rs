@@ -34,7 +34,7 @@ pub fn run(args: DetectArgs) -> Result<ExitCode> {
         anyhow::bail!("no images to process");
     }
     let batch = args.batch.max(1);
-    let mut detector = model::load_detector(&args.model, batch)?;
+    let mut detector = model::load_detector(&args.model, batch, None)?;
     let names = detector.spec().names.clone();
     let params = model::detect_params(&args.thresholds, &names)?;
     if let Some(dir) = &args.save {

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use peregrine_backend::{BackendError, ExecutionProvider, OrtBackend, SessionConfig};
-use peregrine_engine::graph::rewritten_weights;
+use peregrine_engine::graph::{fixed_shape_weights, rewritten_weights};
 use peregrine_engine::{Detector, DetectorConfig};
 use peregrine_types::{ClassNames, DetectParams, ParamsError};
 
@@ -23,8 +23,10 @@ pub fn load_backend(
     OrtBackend::from_bytes_or_cpu(model, session, fallback)
 }
 
-/// Loads the model the arguments name into a ready detector.
-pub fn load_detector(args: &ModelArgs, max_batch: usize) -> Result<Detector> {
+/// Loads the model the arguments name into a ready detector. With `fixed_batch`, the
+/// graph's input shape is fixed at that many images (see
+/// `peregrine_engine::graph::fixed_shape_weights`), and the detector runs only that size.
+pub fn load_detector(args: &ModelArgs, max_batch: usize, fixed_batch: Option<usize>) -> Result<Detector> {
     let provider = args.provider.provider();
     let on_gpu = provider != ExecutionProvider::Cpu;
     let session = SessionConfig {
@@ -46,7 +48,12 @@ pub fn load_detector(args: &ModelArgs, max_batch: usize) -> Result<Detector> {
     };
     let rewritten = rewritten_weights(&bytes, args.provider.graph_rewrite, args.provider.top_k, on_gpu)
         .with_context(|| format!("loading {what}"))?;
-    let backend = load_backend(rewritten.as_deref().unwrap_or(&bytes), &session, fallback)
+    let weights = rewritten.as_deref().unwrap_or(&bytes);
+    let fixed = fixed_batch
+        .map(|n| fixed_shape_weights(weights, n, args.imgsz))
+        .transpose()
+        .with_context(|| format!("fixing the input shape of {what}"))?;
+    let backend = load_backend(fixed.as_deref().unwrap_or(weights), &session, fallback)
         .with_context(|| format!("loading {what}"))?;
     let config = DetectorConfig {
         imgsz: args.imgsz,

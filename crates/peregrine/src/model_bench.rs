@@ -38,6 +38,11 @@ pub struct ModelBenchArgs {
     /// runs them; figures are for all of them together.
     #[arg(long, env = "PEREGRINE_BENCH_INSTANCES", default_value_t = 1)]
     pub instances: usize,
+    /// Give every batch size its own sessions with the input shape fixed in the graph, as
+    /// the server's `--session-per-batch-size` does; otherwise one session with the
+    /// model's dynamic shape runs every size.
+    #[arg(long, env = "PEREGRINE_BENCH_FIXED_SHAPES")]
+    pub fixed_shapes: bool,
     /// Write the results as JSON to this file.
     #[arg(long, env = "PEREGRINE_BENCH_OUTPUT")]
     pub output: Option<PathBuf>,
@@ -104,9 +109,17 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
     anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
     anyhow::ensure!(args.instances > 0, "--instances must be at least 1");
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
-    let mut detectors = (0..args.instances)
-        .map(|_| crate::model::load_detector(&args.model, max_batch))
-        .collect::<Result<Vec<_>>>()?;
+    let load = |batch: usize, fixed: Option<usize>| {
+        (0..args.instances)
+            .map(|_| crate::model::load_detector(&args.model, batch, fixed))
+            .collect::<Result<Vec<_>>>()
+    };
+    let mut detectors = if args.fixed_shapes {
+        load(args.batch[0], Some(args.batch[0]))?
+    } else {
+        load(max_batch, None)?
+    };
+    let mut loaded_for = args.batch[0];
     let spec = detectors[0].spec().clone();
     let mut scratch = LetterboxCanvas::new();
     let (paths, problems) = crate::inputs::expand(&args.images);
@@ -132,6 +145,12 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
     let params = DetectParams::default();
     let mut figures = Vec::new();
     for &batch in &args.batch {
+        if args.fixed_shapes && batch != loaded_for {
+            // Freed first: only one batch size's sessions hold device memory at a time.
+            detectors.clear();
+            detectors = load(batch, Some(batch))?;
+            loaded_for = batch;
+        }
         anyhow::ensure!(
             batch <= detectors[0].batch_size(),
             "batch {batch} is over the model's fixed batch size"

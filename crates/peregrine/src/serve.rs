@@ -88,6 +88,7 @@ fn model_defaults(s: &ServeSettings) -> ModelSettings {
         top_k: s.provider.top_k,
         padded_batch_sizes: s.padded_batch_sizes.clone(),
         session_per_batch_size: s.session_per_batch_size,
+        fixed_input_shapes: s.fixed_input_shapes,
         runtime_path: s.ort_lib.clone(),
         ..ModelSettings::default()
     }

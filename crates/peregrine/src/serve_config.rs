@@ -31,6 +31,7 @@ pub struct ServeSettings {
     pub preferred_batch_sizes: Vec<usize>,
     pub padded_batch_sizes: Vec<usize>,
     pub session_per_batch_size: bool,
+    pub fixed_input_shapes: bool,
     pub queue_capacity: usize,
     pub max_in_flight: usize,
     pub preprocess_threads: usize,
@@ -80,6 +81,7 @@ impl Default for ServeSettings {
             preferred_batch_sizes: Vec::new(),
             padded_batch_sizes: Vec::new(),
             session_per_batch_size: false,
+            fixed_input_shapes: true,
             queue_capacity: 64,
             max_in_flight: 128,
             preprocess_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -187,6 +189,11 @@ pub struct ServeArgs {
     /// batch when sizes alternate [default: false].
     #[arg(long, env = "PEREGRINE_SESSION_PER_BATCH_SIZE")]
     pub session_per_batch_size: Option<bool>,
+    /// With one session per batch size, fix each session's input shape in its graph, so
+    /// ONNX Runtime folds the model's shape arithmetic instead of computing it on the CPU
+    /// (with copies to and from the GPU) at every run [default: true].
+    #[arg(long, env = "PEREGRINE_FIXED_INPUT_SHAPES")]
+    pub fixed_input_shapes: Option<bool>,
     /// Images waiting for a model before new ones get 429 [default: 64].
     #[arg(long, env = "PEREGRINE_QUEUE_CAPACITY")]
     pub queue_capacity: Option<usize>,
@@ -268,6 +275,7 @@ impl ServeArgs {
             preferred_batch_sizes,
             padded_batch_sizes,
             session_per_batch_size,
+            fixed_input_shapes,
             queue_capacity,
             max_in_flight,
             preprocess_threads,

@@ -404,18 +404,41 @@ async fn a_client_that_disconnects_is_dropped_before_its_batch() {
 async fn a_rewritten_graph_serves_the_same_detections_and_a_uint8_tensor_model() {
     let plain = Server::start(&["--graph-rewrite", "off"]);
     let rewritten = Server::start(&["--graph-rewrite", "on"]);
+    // One session per padded size, each with its input shape fixed in its graph.
+    let fixed = Server::start(&[
+        "--graph-rewrite",
+        "on",
+        "--max-batch",
+        "2",
+        "--padded-batch-sizes",
+        "1,2",
+        "--session-per-batch-size",
+        "true",
+    ]);
     plain.wait_ready().await;
     rewritten.wait_ready().await;
+    fixed.wait_ready().await;
     let client = reqwest::Client::new();
     for name in ["bus.jpg", "zidane.jpg"] {
         let mut answers = Vec::new();
-        for server in [&plain, &rewritten] {
+        for server in [&plain, &rewritten, &fixed] {
             let r = post_image(&client, &server.url("/v1/detect"), image_bytes(name), &[]).await;
             assert_eq!(r.status(), 200);
             answers.push(r.json::<Value>().await.unwrap()["detections"].clone());
         }
         assert_eq!(answers[0], answers[1], "{name}");
+        assert_eq!(answers[0], answers[2], "{name}: fixed-shape sessions");
     }
+    // Fixed per session, the batch is still dynamic for clients.
+    let meta: Value = client
+        .get(fixed.url("/v2/models/yolo11n_tensor"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(meta["inputs"][0]["shape"], serde_json::json!([-1, 640, 640, 3]));
     // The tensor model is the graph as it runs: uint8 canvases in, candidate rows out.
     let meta: Value = client
         .get(rewritten.url("/v2/models/yolo11n_tensor"))

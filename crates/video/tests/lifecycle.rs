@@ -7,16 +7,8 @@ use std::time::Duration;
 
 use peregrine_video::decode::worker::live_decode_threads;
 use peregrine_video::source::rtsp::RtspTransport;
-use peregrine_video::{ManagerError, ManagerOptions, StreamConfig, StreamManager};
-use support::{eventually, h265_clip, instant_detector, os_threads, shared_clip, RtspServer};
-
-fn camera(name: &str, url: String, transport: RtspTransport, fps: Option<f64>) -> StreamConfig {
-    let mut c = StreamConfig::new(name, url);
-    c.transport = transport;
-    c.fps = fps;
-    c.decode_threads = 1;
-    c
-}
+use peregrine_video::{ManagerError, ManagerOptions, StreamManager};
+use support::{camera, eventually, h265_clip, instant_detector, os_threads, shared_clip, RtspServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_come_and_go_at_run_time_without_leaking_tasks_or_threads() {

@@ -9,16 +9,8 @@ use std::time::Duration;
 
 use peregrine_video::source::rtsp::RtspTransport;
 use peregrine_video::telemetry::DropReason;
-use peregrine_video::{ClockSource, ManagerError, ManagerOptions, StreamConfig, StreamManager, StreamStatus};
-use support::{h265_clip, instant_detector, shared_clip, RtspServer};
-
-fn camera(name: &str, url: String, transport: RtspTransport, fps: Option<f64>) -> StreamConfig {
-    let mut c = StreamConfig::new(name, url);
-    c.transport = transport;
-    c.fps = fps;
-    c.decode_threads = 1;
-    c
-}
+use peregrine_video::{ClockSource, ManagerError, ManagerOptions, StreamManager, StreamStatus};
+use support::{camera, h265_clip, instant_detector, shared_clip, RtspServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_cameras_deliver_sampled_events_with_rtcp_capture_times() {

@@ -5,7 +5,7 @@ use peregrine_backend::{Backend, OrtBackend, PerBatchSize, SessionConfig};
 
 use super::settings::ModelSettings;
 use crate::detector::run_sizes;
-use crate::graph::rewritten_weights;
+use crate::graph::{fixed_shape_weights, rewritten_weights};
 use crate::{Detector, DetectorConfig, Engine, EngineConfig, EngineError};
 
 /// Builds engines for the registry.
@@ -70,14 +70,31 @@ impl EngineLoader for OrtLoader {
         };
         let fallback = settings.provider_fallback;
         let per_size = settings.session_per_batch_size;
+        // Each per-size session sees one shape only, so its graph gets that shape fixed
+        // (see `fixed_shape_weights`); built once here, shared by every instance.
+        let per_size_weights = if per_size {
+            run_sizes(&detector_config)
+                .into_iter()
+                .map(|n| {
+                    let w = if settings.fixed_input_shapes {
+                        fixed_shape_weights(weights, n, settings.imgsz)?
+                    } else {
+                        weights.to_vec()
+                    };
+                    Ok((n, w))
+                })
+                .collect::<Result<Vec<_>, EngineError>>()?
+        } else {
+            Vec::new()
+        };
         let factory = move || -> Result<Detector, EngineError> {
             let backend: Box<dyn Backend> = if per_size {
-                let sessions = run_sizes(&detector_config)
-                    .into_iter()
-                    .map(|n| {
+                let sessions = per_size_weights
+                    .iter()
+                    .map(|(n, weights)| {
                         let b: Box<dyn Backend> =
                             Box::new(OrtBackend::from_bytes_or_cpu(weights, &session, fallback)?);
-                        Ok((n, b))
+                        Ok((*n, b))
                     })
                     .collect::<Result<Vec<_>, EngineError>>()?;
                 Box::new(PerBatchSize::new(sessions)?)

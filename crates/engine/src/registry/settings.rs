@@ -76,6 +76,10 @@ pub struct ModelSettings {
     /// One session per run batch size, so that no session's input shape ever changes
     /// (GPU providers re-prepare their kernels on every change).
     pub session_per_batch_size: bool,
+    /// With `session_per_batch_size`, fix each session's input shape in its graph, so that
+    /// ONNX Runtime folds the model's shape arithmetic instead of running it on the CPU
+    /// at every run (see `graph::fixed_shape_weights`).
+    pub fixed_input_shapes: bool,
     /// The ONNX Runtime library; `None` searches the usual places.
     pub runtime_path: Option<PathBuf>,
     pub version_policy: VersionPolicy,
@@ -110,6 +114,7 @@ impl Default for ModelSettings {
             top_k: peregrine_onnx::DEFAULT_TOP_K,
             padded_batch_sizes: Vec::new(),
             session_per_batch_size: false,
+            fixed_input_shapes: true,
             runtime_path: None,
             version_policy: VersionPolicy::default(),
             model_file: "model.onnx".into(),
@@ -142,6 +147,7 @@ pub struct ModelConfigFile {
     pub top_k: Option<usize>,
     pub padded_batch_sizes: Option<Vec<usize>>,
     pub session_per_batch_size: Option<bool>,
+    pub fixed_input_shapes: Option<bool>,
     pub provider: Option<ProviderFile>,
 }
 
@@ -223,7 +229,8 @@ impl ModelSettings {
             model_file,
             top_k,
             padded_batch_sizes,
-            session_per_batch_size
+            session_per_batch_size,
+            fixed_input_shapes
         );
         if let Some(v) = &file.graph_rewrite {
             s.graph_rewrite = v.parse().map_err(SettingsError)?;

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use peregrine_types::{BBox, ClassNames, Detection};
-use peregrine_video::{DetectError, Frame, FrameDetector};
+use peregrine_video::source::rtsp::RtspTransport;
+use peregrine_video::{DetectError, Frame, FrameDetector, StreamConfig};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -34,6 +35,16 @@ pub fn h265_clip() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// A camera stream on `transport`, sampled at `fps` (every frame when `None`), decoded on
+/// one thread so that several fit on the test machine's two cores.
+pub fn camera(name: &str, url: String, transport: RtspTransport, fps: Option<f64>) -> StreamConfig {
+    let mut c = StreamConfig::new(name, url);
+    c.transport = transport;
+    c.fps = fps;
+    c.decode_threads = 1;
+    c
 }
 
 /// A port nothing listens on right now.
