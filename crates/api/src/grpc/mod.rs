@@ -19,6 +19,7 @@ use futures_util::Stream;
 use peregrine_engine::telemetry;
 use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use tokio::sync::{mpsc, Semaphore};
+use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::kserve::face::{self, FaceInfo};
@@ -314,6 +315,23 @@ impl GrpcInferenceService for InferenceService {
     }
 }
 
+/// The connections `listener` accepts, each with TCP_NODELAY set. tonic's own
+/// `tcp_nodelay` applies only to listeners it binds itself; with Nagle's algorithm on, a
+/// response's later frames wait for the client's delayed ACK, which measured 40 ms per
+/// metadata call (0.46 ms with it off, 2026-12-01).
+fn incoming_without_nagle(
+    listener: tokio::net::TcpListener,
+) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|stream| {
+        if let Ok(tcp) = &stream {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY on a gRPC connection");
+            }
+        }
+        stream
+    })
+}
+
 /// Serves the inference and health services on `listener` until `shutdown` resolves.
 /// Health reports SERVING while the server is ready and not draining.
 pub async fn serve(
@@ -341,13 +359,12 @@ pub async fn serve(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = incoming_without_nagle(listener);
     // HTTP/2's default 64 KiB flow-control window makes a 1.2 MB image tensor wait for a
     // dozen window updates; large windows let a request arrive in one round trip.
     let outcome = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(32 << 20))
-        .tcp_nodelay(true)
         .add_service(health)
         .add_service(InferenceService::new(state).into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)
@@ -358,6 +375,17 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn accepted_connections_have_nagle_off() {
+        use tokio_stream::StreamExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = Box::pin(super::incoming_without_nagle(listener));
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let accepted = incoming.next().await.unwrap().unwrap();
+        assert!(accepted.nodelay().unwrap());
+    }
+
     use super::*;
 
     #[test]
