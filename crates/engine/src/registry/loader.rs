@@ -70,18 +70,17 @@ impl EngineLoader for OrtLoader {
         };
         let fallback = settings.provider_fallback;
         let per_size = settings.session_per_batch_size;
-        // Each per-size session sees one shape only, so its graph gets that shape fixed
+        // Each per-size session sees one shape only, so its graph may get that shape fixed
         // (see `fixed_shape_weights`); built once here, shared by every instance.
         let per_size_weights = if per_size {
             run_sizes(&detector_config)
                 .into_iter()
                 .map(|n| {
-                    let w = if settings.fixed_input_shapes {
-                        fixed_shape_weights(weights, n, settings.imgsz)?
-                    } else {
-                        weights.to_vec()
-                    };
-                    Ok((n, w))
+                    let fixed = settings
+                        .fixed_input_shapes
+                        .then(|| fixed_shape_weights(weights, n, settings.imgsz))
+                        .transpose()?;
+                    Ok((n, fixed))
                 })
                 .collect::<Result<Vec<_>, EngineError>>()?
         } else {
@@ -91,7 +90,8 @@ impl EngineLoader for OrtLoader {
             let backend: Box<dyn Backend> = if per_size {
                 let sessions = per_size_weights
                     .iter()
-                    .map(|(n, weights)| {
+                    .map(|(n, fixed)| {
+                        let weights = fixed.as_deref().unwrap_or(weights);
                         let b: Box<dyn Backend> =
                             Box::new(OrtBackend::from_bytes_or_cpu(weights, &session, fallback)?);
                         Ok((*n, b))
