@@ -1,6 +1,8 @@
 //! The Ultralytics metadata the rewrite relies on: how many class names, which task, and
 //! whether the head is end-to-end.
 
+use peregrine_types::ClassNames;
+
 use crate::proto::StringStringEntryProto;
 
 /// What the exporter wrote in `metadata_props` that decides which rewrite fits.
@@ -30,51 +32,9 @@ impl ModelMetadata {
     }
 }
 
-/// Counts the names in a Python dict literal (`{0: 'person', 1: "o'clock"}`, ids 0..n in
-/// order) or list literal (`['person', 'bicycle']`), the forms Ultralytics writes.
-///
-/// The same grammar as `peregrine_vision::spec`'s parser (which is private), so both sides
-/// agree on the class count; a value that does not parse counts as absent there too.
+/// How many class names `names` holds, read as the detector reads it.
 fn count_names(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (is_dict, body) = if let Some(b) = s.strip_prefix('{').and_then(|b| b.strip_suffix('}')) {
-        (true, b)
-    } else {
-        (false, s.strip_prefix('[')?.strip_suffix(']')?)
-    };
-    let mut chars = body.chars().peekable();
-    let mut count = 0usize;
-    loop {
-        while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
-            chars.next();
-        }
-        if chars.peek().is_none() {
-            break;
-        }
-        if is_dict {
-            let mut key = String::new();
-            while let Some(c) = chars.next_if(|c| *c != ':') {
-                key.push(c);
-            }
-            chars.next()?; // ':'
-            if key.trim().parse::<usize>().ok()? != count {
-                return None;
-            }
-            while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        }
-        let quote = chars.next().filter(|c| *c == '\'' || *c == '"')?;
-        loop {
-            match chars.next()? {
-                '\\' => {
-                    chars.next()?;
-                }
-                c if c == quote => break,
-                _ => {}
-            }
-        }
-        count += 1;
-    }
-    (count > 0).then_some(count)
+    ClassNames::from_ultralytics(s).map(|names| names.len())
 }
 
 #[cfg(test)]

@@ -94,4 +94,67 @@ impl ClassNames {
     pub fn iter(&self) -> impl Iterator<Item = &str> {
         self.0.iter().map(String::as_str)
     }
+    /// Class names as Ultralytics writes them in a model's `names` metadata: a Python dict
+    /// literal such as `{0: 'person', 1: "o'clock"}` (ids 0..n in order), or a list
+    /// `['person', 'bicycle']`. `None` when the value does not parse or names nothing; the
+    /// detector and the graph rewrite both read names through this, so they always agree
+    /// on the class count.
+    pub fn from_ultralytics(s: &str) -> Option<Self> {
+        let s = s.trim();
+        let (is_dict, body) = if let Some(b) = s.strip_prefix('{').and_then(|b| b.strip_suffix('}')) {
+            (true, b)
+        } else {
+            (false, s.strip_prefix('[')?.strip_suffix(']')?)
+        };
+        let mut chars = body.chars().peekable();
+        let mut names = Vec::new();
+        loop {
+            while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
+                chars.next();
+            }
+            if chars.peek().is_none() {
+                break;
+            }
+            if is_dict {
+                let mut key = String::new();
+                while let Some(c) = chars.next_if(|c| *c != ':') {
+                    key.push(c);
+                }
+                chars.next()?; // ':'
+                if key.trim().parse::<usize>().ok()? != names.len() {
+                    return None;
+                }
+                while chars.next_if(|c| c.is_whitespace()).is_some() {}
+            }
+            let quote = chars.next().filter(|c| *c == '\'' || *c == '"')?;
+            let mut name = String::new();
+            loop {
+                match chars.next()? {
+                    '\\' => name.push(chars.next()?),
+                    c if c == quote => break,
+                    c => name.push(c),
+                }
+            }
+            names.push(name);
+        }
+        (!names.is_empty()).then(|| Self::new(names))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ultralytics_names() {
+        let n = ClassNames::from_ultralytics("{0: 'person', 1: \"o'clock\", 2: 'a\\'b'}").unwrap();
+        assert_eq!(n.iter().collect::<Vec<_>>(), ["person", "o'clock", "a'b"]);
+        let n = ClassNames::from_ultralytics("['cat', 'dog']").unwrap();
+        assert_eq!(n.len(), 2);
+        assert!(ClassNames::from_ultralytics("{1: 'skips zero'}").is_none());
+        assert!(ClassNames::from_ultralytics("{0: 'unterminated}").is_none());
+        assert!(ClassNames::from_ultralytics("{0: 'person'").is_none());
+        assert!(ClassNames::from_ultralytics("{}").is_none());
+        assert!(ClassNames::from_ultralytics("garbage").is_none());
+    }
 }

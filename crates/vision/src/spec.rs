@@ -139,7 +139,9 @@ impl DetectorSpec {
                 (h, w)
             }
         };
-        let names = meta("names").and_then(parse_names).unwrap_or_default();
+        let names = meta("names")
+            .and_then(ClassNames::from_ultralytics)
+            .unwrap_or_default();
         let end2end = meta("end2end").map(|v| v.trim().eq_ignore_ascii_case("true"));
         let num_names = (!names.is_empty()).then_some(names.len());
         let layout_err = |source| SpecError::Layout {
@@ -193,55 +195,6 @@ fn parse_imgsz(s: &str) -> Option<(usize, usize)> {
     }
 }
 
-/// Class names as Ultralytics writes them: a Python dict literal such as
-/// `{0: 'person', 1: "o'clock"}`, or a list `['person', 'bicycle']`. Ids must run 0..n.
-fn parse_names(s: &str) -> Option<ClassNames> {
-    let s = s.trim();
-    let (is_dict, body) = if let Some(b) = s.strip_prefix('{').and_then(|b| b.strip_suffix('}')) {
-        (true, b)
-    } else {
-        (false, s.strip_prefix('[')?.strip_suffix(']')?)
-    };
-    let mut chars = body.chars().peekable();
-    let mut names = Vec::new();
-    loop {
-        while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
-            chars.next();
-        }
-        if chars.peek().is_none() {
-            break;
-        }
-        if is_dict {
-            let mut key = String::new();
-            while let Some(&c) = chars.peek() {
-                if c == ':' {
-                    break;
-                }
-                key.push(c);
-                chars.next();
-            }
-            chars.next()?; // ':'
-            if key.trim().parse::<usize>().ok()? != names.len() {
-                return None;
-            }
-            while chars.peek().is_some_and(|c| c.is_whitespace()) {
-                chars.next();
-            }
-        }
-        let quote = chars.next().filter(|c| *c == '\'' || *c == '"')?;
-        let mut name = String::new();
-        loop {
-            match chars.next()? {
-                '\\' => name.push(chars.next()?),
-                c if c == quote => break,
-                c => name.push(c),
-            }
-        }
-        names.push(name);
-    }
-    (!names.is_empty()).then(|| ClassNames::new(names))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,17 +221,6 @@ mod tests {
     }
 
     use Dim::{Dynamic as D, Fixed as F};
-
-    #[test]
-    fn parses_ultralytics_names() {
-        let n = parse_names("{0: 'person', 1: \"o'clock\", 2: 'a\\'b'}").unwrap();
-        assert_eq!(n.iter().collect::<Vec<_>>(), ["person", "o'clock", "a'b"]);
-        let n = parse_names("['cat', 'dog']").unwrap();
-        assert_eq!(n.len(), 2);
-        assert!(parse_names("{1: 'skips zero'}").is_none());
-        assert!(parse_names("{0: 'unterminated}").is_none());
-        assert!(parse_names("garbage").is_none());
-    }
 
     #[test]
     fn parses_imgsz() {
