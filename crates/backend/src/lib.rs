@@ -11,7 +11,7 @@ pub mod runtime;
 mod staging;
 
 pub use error::BackendError;
-pub use ort_backend::{CudaOptions, ExecutionProvider, OrtBackend, SessionConfig, TensorRtOptions};
+pub use ort_backend::{describe, CudaOptions, ExecutionProvider, OrtBackend, SessionConfig, TensorRtOptions};
 use peregrine_types::model::Dim;
 pub use peregrine_types::ModelDescription;
 

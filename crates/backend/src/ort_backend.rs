@@ -255,7 +255,8 @@ fn tensor(name: &str, ty: &ValueType) -> Result<TensorDescription, BackendError>
     }
 }
 
-fn describe(session: &Session) -> Result<ModelDescription, BackendError> {
+/// What `session` takes and gives, and the model's metadata, as the engine reads them.
+pub fn describe(session: &Session) -> Result<ModelDescription, BackendError> {
     let inputs = session
         .inputs()
         .iter()

@@ -3,16 +3,14 @@
 //! NMS, as the engine runs them) and the path the rewritten graph takes.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
-use ort::value::{TensorElementType, TensorRef, ValueType};
-use peregrine_types::model::ElementType;
-use peregrine_types::{BBox, DetectParams, Detection, Dim, ModelDescription, TensorDescription};
+use ort::value::TensorRef;
+use peregrine_types::{BBox, DetectParams, Detection, ModelDescription};
 use peregrine_vision::nms::Nms;
 use peregrine_vision::normalize::rgb8_to_planar_f32;
 use peregrine_vision::{decode_image, Candidate, DetectorSpec, ImageView, Letterbox, LetterboxCanvas};
@@ -153,57 +151,9 @@ pub fn session_at(model: &[u8], level: GraphOptimizationLevel) -> Session {
         .expect("ONNX Runtime accepts the model")
 }
 
-fn element(ty: TensorElementType) -> ElementType {
-    match ty {
-        TensorElementType::Float32 => ElementType::F32,
-        TensorElementType::Float16 => ElementType::F16,
-        TensorElementType::Uint8 => ElementType::U8,
-        other => ElementType::Other(format!("{other:?}").to_lowercase()),
-    }
-}
-
-fn tensor(name: &str, ty: &ValueType) -> TensorDescription {
-    let ValueType::Tensor { ty, shape, .. } = ty else {
-        panic!("{name} is not a tensor");
-    };
-    TensorDescription {
-        name: name.into(),
-        element: element(*ty),
-        dims: shape
-            .iter()
-            .map(|&d| {
-                if d >= 0 {
-                    Dim::Fixed(d as usize)
-                } else {
-                    Dim::Dynamic
-                }
-            })
-            .collect(),
-    }
-}
-
-/// What `peregrine_backend::OrtBackend` reports for a session (its `describe`, copied).
+/// What `peregrine_backend::OrtBackend` reports for a session.
 pub fn describe(session: &Session) -> ModelDescription {
-    let meta = session.metadata().expect("metadata");
-    let mut metadata = BTreeMap::new();
-    for key in meta.custom_keys().expect("metadata keys") {
-        if let Some(v) = meta.custom(&key) {
-            metadata.insert(key, v);
-        }
-    }
-    ModelDescription {
-        inputs: session
-            .inputs()
-            .iter()
-            .map(|o| tensor(o.name(), o.dtype()))
-            .collect(),
-        outputs: session
-            .outputs()
-            .iter()
-            .map(|o| tensor(o.name(), o.dtype()))
-            .collect(),
-        metadata,
-    }
+    peregrine_backend::describe(session).expect("the session describes itself")
 }
 
 /// One shared image, letterboxed as the engine does it.
