@@ -70,22 +70,28 @@ pub fn rewritten_weights(
     }
 }
 
-/// `weights` with the image input fixed at `batch` images of the size the detector will
-/// use (`imgsz`, else what the model declares, as [`DetectorSpec`] decides it), for a
-/// session that only runs that one shape: ONNX Runtime then folds the model's run-time
-/// shape arithmetic into constants instead of computing it on the CPU at every run.
+/// `weights` with the image input fixed, once for each of `batches`, at that many images
+/// of the size the detector will use (`imgsz`, else what the model declares, as
+/// [`DetectorSpec`] decides it), for sessions that each run one shape: ONNX Runtime then
+/// folds the model's run-time shape arithmetic into constants instead of computing it on
+/// the CPU at every run.
 pub fn fixed_shape_weights(
     weights: &[u8],
-    batch: usize,
+    batches: &[usize],
     imgsz: Option<(usize, usize)>,
-) -> Result<Vec<u8>, EngineError> {
+) -> Result<Vec<Vec<u8>>, EngineError> {
     let spec = DetectorSpec::from_model(&peregrine_onnx::describe(weights)?, imgsz)?;
-    Ok(peregrine_onnx::fix_input_shape(
-        weights,
-        batch,
-        spec.input_height,
-        spec.input_width,
-    )?)
+    batches
+        .iter()
+        .map(|&n| {
+            Ok(peregrine_onnx::fix_input_shape(
+                weights,
+                n,
+                spec.input_height,
+                spec.input_width,
+            )?)
+        })
+        .collect()
 }
 
 #[cfg(test)]

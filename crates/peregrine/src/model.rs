@@ -50,9 +50,10 @@ pub fn load_detector(args: &ModelArgs, max_batch: usize, fixed_batch: Option<usi
         .with_context(|| format!("loading {what}"))?;
     let weights = rewritten.as_deref().unwrap_or(&bytes);
     let fixed = fixed_batch
-        .map(|n| fixed_shape_weights(weights, n, args.imgsz))
+        .map(|n| fixed_shape_weights(weights, &[n], args.imgsz))
         .transpose()
-        .with_context(|| format!("fixing the input shape of {what}"))?;
+        .with_context(|| format!("fixing the input shape of {what}"))?
+        .and_then(|mut one| one.pop());
     let backend = load_backend(fixed.as_deref().unwrap_or(weights), &session, fallback)
         .with_context(|| format!("loading {what}"))?;
     let config = DetectorConfig {

@@ -72,19 +72,19 @@ impl EngineLoader for OrtLoader {
         let per_size = settings.session_per_batch_size;
         // Each per-size session sees one shape only, so its graph may get that shape fixed
         // (see `fixed_shape_weights`); built once here, shared by every instance.
-        let per_size_weights = if per_size {
-            run_sizes(&detector_config)
-                .into_iter()
-                .map(|n| {
-                    let fixed = settings
-                        .fixed_input_shapes
-                        .then(|| fixed_shape_weights(weights, n, settings.imgsz))
-                        .transpose()?;
-                    Ok((n, fixed))
-                })
-                .collect::<Result<Vec<_>, EngineError>>()?
-        } else {
+        let per_size_weights: Vec<(usize, Option<Vec<u8>>)> = if !per_size {
             Vec::new()
+        } else {
+            let sizes = run_sizes(&detector_config);
+            let fixed = if settings.fixed_input_shapes {
+                fixed_shape_weights(weights, &sizes, settings.imgsz)?
+                    .into_iter()
+                    .map(Some)
+                    .collect()
+            } else {
+                vec![None; sizes.len()]
+            };
+            sizes.into_iter().zip(fixed).collect()
         };
         let factory = move || -> Result<Detector, EngineError> {
             let backend: Box<dyn Backend> = if per_size {
