@@ -7,13 +7,16 @@
 #
 #   scripts/gpu-bench.sh BIN DATA_DIR OUT_DIR [PERF_ANALYZER]
 #
-# STEPS (environment, default "model parity serve") picks the parts to run.
+# STEPS (environment, default "model parity serve decode e2e") picks the parts to run;
+# MODEL_BATCHES the model step's batch sizes; E2E_VARIANTS (";"-separated "label max-batch
+# padded-sizes instances delay-us [serve flags]") the e2e step's server configurations.
 # DATA_DIR holds images/ (the shared test photos) and models/ (yolo11n.onnx,
 # yolo11n-fp16.onnx). Writes into OUT_DIR:
 #   results.txt     every figure, step by step (model alone by batch size for fp32 and fp16,
 #                   plain and rewritten graphs; HTTP end to end by concurrency; the open loop
 #                   at 70% of peak; perf_analyzer over HTTP and gRPC)
 #   parity-*.jsonl  detections on the GPU (for comparison with the CPU path where it runs)
+#   det-*.jsonl     each e2e variant's detections over HTTP (compared in results.txt)
 #   log.txt         everything the steps printed
 # Each step has its own time limit, so one that hangs costs only itself. Traffic goes to
 # 127.0.0.1 only.
@@ -41,32 +44,23 @@ json() { [ -f "$1" ] && { cat "$1" >>"$res"; echo >>"$res"; }; }
 
 note "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader), $cores cores, $(date -u +%FT%TZ)"
 jpegs=$(ls "$data"/images/*.jpg)
-steps="${STEPS:-model parity serve}"
+steps="${STEPS:-model parity serve decode e2e}"
 wants() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
-# 1. The model alone, one session and two side by side, fp32 and fp16, plain and rewritten.
+# 1. The model alone by batch size, fp32 and fp16, plain and rewritten graphs, each batch
+# size its own session with its input shape fixed (as the server runs them), NHWC kernels;
+# the rewritten graph also with its input and output bound in device memory (--device-io).
+# Throughput counts the measured runs only (warm-up excluded).
+batches="${MODEL_BATCHES:-1,8,32,64}"
 wants model && for m in yolo11n yolo11n-fp16; do
-    for rw in off on; do
-        for inst in 1 2; do
-            note "model alone: $m, rewrite $rw, $inst instance(s)"
-            step 90 "$bin" bench-model --provider cuda --threads 1 --model "$data/models/$m.onnx" \
-                --graph-rewrite "$rw" --instances "$inst" --batch 1,8,32,64 --seconds 2 \
-                --output "$out/m.json" $jpegs
-            json "$out/m.json"
-        done
+    for v in "off" "on" "on --device-io"; do
+        set -- $v
+        note "model alone: $m, rewrite $*, fixed shapes, NHWC"
+        step 150 "$bin" bench-model --provider cuda --threads 1 --prefer-nhwc --fixed-shapes \
+            --model "$data/models/$m.onnx" --graph-rewrite "$@" --batch "$batches" --seconds 2 \
+            --output "$out/m.json" $jpegs
+        json "$out/m.json"
     done
-done
-wants model && note "model alone: yolo11n-fp16 rewritten, ordinary (not pinned) input memory"
-wants model && step 60 "$bin" bench-model --provider cuda --threads 1 --model "$data/models/yolo11n-fp16.onnx" \
-    --graph-rewrite on --pinned-input false --batch 32,64 --seconds 2 --output "$out/m.json" $jpegs
-wants model && json "$out/m.json"
-# The same model with each batch size's session given its input shape (as the server's
-# per-size sessions are), against one dynamic-shape session, in one run.
-wants model && for fixed in --fixed-shapes ""; do
-    note "model alone: yolo11n rewritten, NHWC, ${fixed:-dynamic shapes}"
-    step 90 "$bin" bench-model --provider cuda --threads 1 --prefer-nhwc --graph-rewrite on $fixed \
-        --batch 4,16,32,64 --seconds 3 --output "$out/m.json" $jpegs
-    json "$out/m.json"
 done
 
 # 2. Detections on the GPU, for parity with the CPU path.
@@ -80,11 +74,14 @@ done
 # session per padded batch size, so that no session's input shape changes between runs
 # (CUDA re-prepares its convolutions on every change: seconds per batch when sizes vary).
 serve() {
-    local model=$1 max=$2 sizes=$3
+    local model=$1 max=$2 sizes=$3 instances=${4:-2} delay=${5:-2000}
+    shift 3
+    shift 2 2>/dev/null || shift $#
+    # Any further arguments are extra serve flags.
     "$bin" serve --provider cuda --threads 1 --prefer-nhwc --model "$data/models/$model.onnx" --host 127.0.0.1 \
-        --port "$port" --grpc-port "$grpc_port" --instances 2 --max-batch "$max" \
-        --padded-batch-sizes "$sizes" --session-per-batch-size true --max-queue-delay-us 2000 \
-        --queue-capacity 4096 --max-in-flight 8192 --preprocess-threads "$cores" --log-level warn 2>>"$log" &
+        --port "$port" --grpc-port "$grpc_port" --instances "$instances" --max-batch "$max" \
+        --padded-batch-sizes "$sizes" --session-per-batch-size true --max-queue-delay-us "$delay" \
+        --queue-capacity 4096 --max-in-flight 8192 --preprocess-threads "$cores" --log-level warn "$@" 2>>"$log" &
     server=$!
     for _ in $(seq 1 240); do
         curl -fs "http://127.0.0.1:$port/health/ready" >/dev/null 2>&1 && return 0
@@ -149,5 +146,45 @@ if wants serve && serve yolo11n 32 1,4,16,32; then
     sweep "yolo11n rewritten, batches up to 32" 64 128 256
     stop
 fi
-rm -f "$out"/m.json "$out"/h*.json "$out"/open.json "$out"/b.json
+# 4. Image preparation alone (decode and letterbox into 640x640): on the CPU cores as the
+# server does it, and on the GPU (nvJPEG's hardware decoder and NPP), with the GPU's
+# canvases compared with the CPU's.
+wants decode && for cfg in "false false" "true false" "true true"; do
+    set -- $cfg
+    note "decode alone on the CPU: reused buffers $1, JPEG DCT scaling $2"
+    step 60 "$bin" bench-decode --threads 1,8,$cores --seconds 3 --reuse-buffers "$1" --jpeg-dct-scaling "$2" \
+        --output "$out/d.json" $jpegs
+    json "$out/d.json"
+done
+wants decode && for b in 8 32; do
+    note "decode alone on the GPU: $b images per call"
+    timeout 90 "$bin" bench-decode --gpu-batch "$b" --threads 1,2 --seconds 3 --output "$out/d.json" $jpegs \
+        >>"$res" 2>>"$log" || note "GPU decode rc $?"
+    json "$out/d.json"
+done
+
+# 5. End to end with the JPEGs decoded on the CPU cores or on the GPU, same server
+# otherwise; detections of each compared with the first's (CPU decoding).
+# Each variant: label, max batch, padded sizes, instances, batching delay (us), extra flags.
+if wants e2e; then
+    default_variants="cpu 32 1,4,16,32 2 2000;gpu 32 1,4,16,32 2 2000 --gpu-jpeg-decode;gpu-b16x4 16 1,4,8,16 4 2000 --gpu-jpeg-decode;gpu-b8x8 8 1,4,8 8 2000 --gpu-jpeg-decode"
+    IFS=';' read -r -a variants <<<"${E2E_VARIANTS:-$default_variants}"
+    for v in "${variants[@]}"; do
+        set -- $v
+        label=$1
+        shift
+        if serve yolo11n "$@"; then
+            python3 "$(dirname "$0")/server-detections.py" "http://127.0.0.1:$port" "$data"/images/* \
+                >"$out/det-$label.jsonl" 2>>"$log" || note "detections for $label failed"
+            sweep "yolo11n rewritten, $label (max batch $1, sizes $2, instances $3, delay $4 us, ${*:5})" 64 256
+            stop
+        fi
+    done
+    note "detections on the 14 shared images against the first variant (class, IoU >= 0.9, score within 0.02)"
+    first=${variants[0]%% *}
+    python3 "$(dirname "$0")/compare-detections.py" "$out/det-$first.jsonl" \
+        $(ls "$out"/det-*.jsonl | grep -v "/det-$first.jsonl") >>"$res" 2>&1
+fi
+
+rm -f "$out"/m.json "$out"/d.json "$out"/h*.json "$out"/open.json "$out"/b.json
 note "done $(date -u +%FT%TZ)"

@@ -4,10 +4,15 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use peregrine_vision::decode::{decode_image, DecodeLimits};
+use peregrine_vision::decode::{baseline_jpeg, decode_image, DecodeLimits};
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(image) = decode_image(data, DecodeLimits { max_pixels: 1 << 20 }) {
+    let limits = DecodeLimits { max_pixels: 1 << 20 };
+    if let Ok(image) = decode_image(data, limits) {
         assert!(u64::from(image.width()) * u64::from(image.height()) <= 1 << 20);
+    }
+    // The header check that sends JPEGs to the GPU decoder walks the marker segments itself.
+    if let Ok(Some(jpeg)) = baseline_jpeg(data, limits) {
+        assert!(u64::from(jpeg.width) * u64::from(jpeg.height) <= 1 << 20);
     }
 });

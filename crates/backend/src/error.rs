@@ -26,6 +26,10 @@ pub enum BackendError {
     InputSize { shape: [usize; 4], len: usize },
     #[error("inference failed: {0}")]
     Inference(String),
+    /// Decoding JPEGs on the device failed for the batch; its images may be decoded on the
+    /// host instead (one bad file fails the whole device call, so which one is unknown).
+    #[error("decoding JPEGs on the GPU failed: {0}")]
+    DeviceDecode(String),
     #[error("the model's output is unusable: {0}")]
     Output(String),
 }

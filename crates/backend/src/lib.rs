@@ -5,11 +5,14 @@
 //! the runtime library at run time ([`runtime`] finds it and says exactly what to do when it
 //! is missing or too old). Nothing here knows about images or boxes.
 
+pub mod cuda;
+mod device_io;
 mod error;
 mod ort_backend;
 pub mod runtime;
 mod staging;
 
+pub use cuda::jpeg::JpegSlot;
 pub use error::BackendError;
 pub use ort_backend::{describe, CudaOptions, ExecutionProvider, OrtBackend, SessionConfig, TensorRtOptions};
 use peregrine_types::model::Dim;
@@ -49,6 +52,29 @@ pub trait Backend: Send {
     /// Runs the batch last written into [`Backend::input`] (of the same `shape`) and writes
     /// the first output into `output`, reusing its allocation.
     fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError>;
+
+    /// Whether [`Backend::run_with_jpegs`] takes JPEG slots (decoded on the device).
+    fn decodes_jpeg(&self) -> bool {
+        false
+    }
+
+    /// [`Backend::run`], with the slots listed in `jpegs` given as JPEG files to decode and
+    /// letterbox on the device (their part of the input buffer is not read). Only for
+    /// backends whose [`Backend::decodes_jpeg`] is true; others accept an empty list only.
+    fn run_with_jpegs(
+        &mut self,
+        shape: [usize; 4],
+        jpegs: &[JpegSlot<'_>],
+        output: &mut OutputBuffer,
+    ) -> Result<(), BackendError> {
+        if jpegs.is_empty() {
+            self.run(shape, output)
+        } else {
+            Err(BackendError::Inference(
+                "this backend does not decode JPEGs".into(),
+            ))
+        }
+    }
 }
 
 /// Several sessions of one model, each run at one batch size only.
@@ -118,5 +144,18 @@ impl Backend for PerBatchSize {
 
     fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
         self.session(shape)?.run(shape, output)
+    }
+
+    fn decodes_jpeg(&self) -> bool {
+        self.sessions.iter().all(|(_, b)| b.decodes_jpeg())
+    }
+
+    fn run_with_jpegs(
+        &mut self,
+        shape: [usize; 4],
+        jpegs: &[JpegSlot<'_>],
+        output: &mut OutputBuffer,
+    ) -> Result<(), BackendError> {
+        self.session(shape)?.run_with_jpegs(shape, jpegs, output)
     }
 }

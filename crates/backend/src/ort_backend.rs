@@ -9,8 +9,9 @@ use ort::value::{TensorElementType, ValueType};
 use peregrine_types::model::ElementType;
 use peregrine_types::{Dim, ModelDescription, TensorDescription};
 
+use crate::device_io::DeviceIo;
 use crate::staging::{Element, Staging};
-use crate::{runtime, Backend, BackendError, InputBuffer, OutputBuffer};
+use crate::{runtime, Backend, BackendError, InputBuffer, JpegSlot, OutputBuffer};
 
 /// Where the model's graph runs.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -77,12 +78,43 @@ pub struct SessionConfig {
     /// On a GPU provider, write inputs into page-locked host memory, which the device
     /// copies by DMA; ignored on the CPU.
     pub pinned_input: bool,
+    /// On a GPU provider, keep the model's input and output in device memory at fixed
+    /// addresses, copied in and out explicitly (see `device_io`); needed by CUDA graphs,
+    /// and implied by them. Ignored on the CPU.
+    pub device_io: bool,
+    /// On a CUDA provider, decode JPEGs handed to [`Backend::run_with_jpegs`] on the GPU
+    /// (nvJPEG) and letterbox them there (our NVRTC-compiled kernel); implies `device_io` and needs the rewritten
+    /// graph's uint8 input.
+    pub gpu_jpeg_decode: bool,
+    /// Write ONNX Runtime's per-node profile (Chrome trace JSON) to a file starting with
+    /// this path, once the session is dropped.
+    pub profile: Option<PathBuf>,
+}
+
+/// How a batch reaches the session.
+enum Io {
+    /// Host memory (ordinary or pinned), copied to the device by ONNX Runtime per run.
+    Staged(Staging),
+    /// Device tensors at fixed addresses.
+    Device(Box<DeviceIo>),
 }
 
 pub struct OrtBackend {
     session: Session,
     description: ModelDescription,
-    staging: Staging,
+    io: Io,
+    profiling: bool,
+}
+
+impl Drop for OrtBackend {
+    fn drop(&mut self) {
+        if self.profiling {
+            match self.session.end_profiling() {
+                Ok(file) => tracing::info!(%file, "ONNX Runtime profile written"),
+                Err(e) => tracing::warn!(error = %e, "ONNX Runtime profile not written"),
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for OrtBackend {
@@ -110,6 +142,9 @@ impl OrtBackend {
                 .with_intra_threads(config.intra_threads)
                 .map_err(load_err)?;
         }
+        if let Some(prefix) = &config.profile {
+            builder = builder.with_profiling(prefix).map_err(load_err)?;
+        }
         if let Some(ep) = provider_dispatch(&config.provider) {
             // error_on_failure: a provider that cannot load is an error, never a silent
             // fallback to the CPU; falling back is the caller's decision.
@@ -131,23 +166,40 @@ impl OrtBackend {
             ExecutionProvider::Cuda(o) => Some(o.device_id),
             ExecutionProvider::TensorRt(o) => Some(o.device_id),
         };
-        let staging = match device.filter(|_| config.pinned_input) {
-            None => Staging::host(element),
-            Some(device) => Staging::pinned(&session, element, device).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "no pinned host memory; inputs are copied from ordinary memory");
-                Staging::host(element)
-            }),
+        let cuda_graph = matches!(&config.provider, ExecutionProvider::Cuda(o) if o.cuda_graph);
+        let io = match device {
+            // No silent fallback here: CUDA graphs replay fixed addresses, which only device
+            // IO gives.
+            Some(device) if config.device_io || config.gpu_jpeg_decode || cuda_graph => {
+                Io::Device(Box::new(DeviceIo::new(&session, element, device, config.gpu_jpeg_decode)?))
+            }
+            Some(device) if config.pinned_input => Io::Staged(
+                Staging::pinned(&session, element, device).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "no pinned host memory; inputs are copied from ordinary memory");
+                    Staging::host(element)
+                }),
+            ),
+            _ => Io::Staged(Staging::host(element)),
         };
         Ok(Self {
             session,
             description,
-            staging,
+            io,
+            profiling: config.profile.is_some(),
         })
     }
 
     /// Whether inputs go through page-locked memory.
     pub fn pinned_input(&self) -> bool {
-        self.staging.is_pinned()
+        match &self.io {
+            Io::Staged(s) => s.is_pinned(),
+            Io::Device(_) => true,
+        }
+    }
+
+    /// Whether inputs and outputs are bound in device memory.
+    pub fn device_io(&self) -> bool {
+        matches!(self.io, Io::Device(_))
     }
 
     /// Builds a session with the configured provider, falling back to the CPU only when
@@ -287,11 +339,38 @@ impl Backend for OrtBackend {
     }
 
     fn input(&mut self, shape: [usize; 4]) -> Result<InputBuffer<'_>, BackendError> {
-        self.staging.buffer(shape.iter().product())
+        let len = shape.iter().product();
+        match &mut self.io {
+            Io::Staged(s) => s.buffer(len),
+            Io::Device(d) => d.buffer(len),
+        }
+    }
+
+    fn decodes_jpeg(&self) -> bool {
+        matches!(&self.io, Io::Device(d) if d.decodes_jpeg())
+    }
+
+    fn run_with_jpegs(
+        &mut self,
+        shape: [usize; 4],
+        jpegs: &[JpegSlot<'_>],
+        output: &mut OutputBuffer,
+    ) -> Result<(), BackendError> {
+        match &mut self.io {
+            Io::Device(d) => d.run_with_jpegs(&mut self.session, shape, jpegs, output),
+            Io::Staged(_) if jpegs.is_empty() => self.run(shape, output),
+            Io::Staged(_) => Err(BackendError::Inference(
+                "this session does not decode JPEGs".into(),
+            )),
+        }
     }
 
     fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
-        let outputs = self.staging.run(&mut self.session, shape)?;
+        let staging = match &mut self.io {
+            Io::Staged(s) => s,
+            Io::Device(d) => return d.run(&mut self.session, shape, output),
+        };
+        let outputs = staging.run(&mut self.session, shape)?;
         let output_value = &outputs[0];
         output.shape.clear();
         output.data.clear();

@@ -20,7 +20,7 @@ pub(crate) enum Element {
 }
 
 impl Element {
-    fn size(self) -> usize {
+    pub(crate) fn size(self) -> usize {
         match self {
             Self::F32 => 4,
             Self::U8 => 1,
@@ -99,6 +99,19 @@ impl Staging {
 
     pub fn is_pinned(&self) -> bool {
         matches!(self.memory, Memory::Pinned(_))
+    }
+
+    /// Elements written for the coming run.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The pinned block's memory description and address, when staging is pinned.
+    pub fn pinned_block(&self) -> Option<(MemoryInfo<'static>, *mut c_void)> {
+        match &self.memory {
+            Memory::Pinned(block) => Some((block.info.clone(), block.ptr)),
+            Memory::Host { .. } => None,
+        }
     }
 
     /// The buffer for a batch of `len` elements.

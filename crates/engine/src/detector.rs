@@ -2,10 +2,13 @@
 
 use std::time::{Duration, Instant};
 
-use peregrine_backend::{Backend, InputBuffer, OutputBuffer};
+use peregrine_backend::{Backend, BackendError, InputBuffer, JpegSlot, OutputBuffer};
 use peregrine_types::{DetectParams, Detection};
 use peregrine_vision::normalize::rgb8_to_planar_f32;
-use peregrine_vision::{DetectorSpec, ImageView, InputForm, Letterbox, LetterboxCanvas, Postprocessor};
+use peregrine_vision::{
+    decode_image, resample_tables, DecodeError, DecodeLimits, DetectorSpec, ImageView, InputForm, Letterbox,
+    LetterboxCanvas, Postprocessor,
+};
 
 use crate::EngineError;
 
@@ -65,6 +68,23 @@ pub enum BatchItem<'a> {
     /// `[3, height, width]` float32 already normalised by the caller, or `[height, width,
     /// 3]` uint8 for a rewritten graph.
     Tensor(&'a [u8]),
+    /// A baseline JPEG (see `peregrine_vision::baseline_jpeg`) for a backend that decodes
+    /// and letterboxes on the device ([`Detector::decodes_jpeg`]).
+    Jpeg(JpegInput<'a>),
+}
+
+/// Per output column and per output row (see `peregrine_vision::resample_tables`).
+type ResampleTables = (Vec<[i32; 4]>, Vec<[i32; 4]>);
+
+/// A JPEG slot: the file and the geometry its header gave.
+#[derive(Debug, Clone, Copy)]
+pub struct JpegInput<'a> {
+    pub data: &'a [u8],
+    pub width: usize,
+    pub height: usize,
+    /// `Letterbox::new(width, height, ...)` for the model's input size.
+    pub letterbox: &'a Letterbox,
+    pub params: &'a DetectParams,
 }
 
 /// What one slot of a batch produced.
@@ -74,6 +94,9 @@ pub enum ItemOutput {
     Detections(Vec<Detection>),
     /// The model's first output for this slot, as it came out (float32, row-major).
     Tensor(Vec<f32>),
+    /// A JPEG slot that turned out undecodable (found when the device could not decode the
+    /// batch and its JPEGs were decoded on the host).
+    Rejected(DecodeError),
 }
 
 /// One model instance with its reusable buffers.
@@ -135,6 +158,11 @@ impl Detector {
             output: OutputBuffer::default(),
             post: Postprocessor::new(),
         })
+    }
+
+    /// Whether JPEG slots ([`BatchItem::Jpeg`]) are decoded on the device.
+    pub fn decodes_jpeg(&self) -> bool {
+        self.backend.decodes_jpeg() && self.spec.input_form == InputForm::InterleavedU8
     }
 
     pub fn spec(&self) -> &DetectorSpec {
@@ -241,7 +269,9 @@ impl Detector {
             .into_iter()
             .map(|o| match o {
                 ItemOutput::Detections(d) => d,
-                ItemOutput::Tensor(_) => unreachable!("image slots yield detections"),
+                ItemOutput::Tensor(_) | ItemOutput::Rejected(_) => {
+                    unreachable!("prepared image slots yield detections")
+                }
             })
             .collect();
         Ok((detections, timings))
@@ -298,6 +328,11 @@ impl Detector {
                 for (item, dst) in items.iter().zip(input.chunks_exact_mut(slot)) {
                     match item {
                         BatchItem::Image(img) => rgb8_to_planar_f32(img.canvas, dst),
+                        BatchItem::Jpeg(_) => {
+                            return Err(EngineError::Backend(BackendError::Inference(
+                                "JPEG slots need a model with a uint8 canvas input".into(),
+                            )))
+                        }
                         BatchItem::Tensor(bytes) => {
                             for (d, s) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
                                 *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
@@ -316,6 +351,8 @@ impl Detector {
                     match item {
                         BatchItem::Image(img) => dst.copy_from_slice(img.canvas),
                         BatchItem::Tensor(bytes) => dst.copy_from_slice(bytes),
+                        // Written on the device.
+                        BatchItem::Jpeg(_) => {}
                     }
                 }
                 input[n * slot..].fill(0);
@@ -323,7 +360,39 @@ impl Detector {
         }
         let preprocessed = Instant::now();
 
-        self.backend.run(shape, &mut self.output)?;
+        let mut rejected: Vec<(usize, DecodeError)> = Vec::new();
+        // The device resamples with the CPU letterbox's own tables, so canvases match.
+        let tables: Vec<(usize, &JpegInput<'_>, ResampleTables)> = items
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, item)| match item {
+                BatchItem::Jpeg(j) => Some((slot, j, resample_tables(j.width, j.height, j.letterbox))),
+                _ => None,
+            })
+            .collect();
+        let jpegs: Vec<JpegSlot<'_>> = tables
+            .iter()
+            .map(|(slot, j, (columns, rows))| JpegSlot {
+                slot: *slot,
+                data: j.data,
+                width: j.width,
+                height: j.height,
+                scaled: (j.letterbox.scaled_width, j.letterbox.scaled_height),
+                offset: (j.letterbox.left, j.letterbox.top),
+                columns,
+                rows,
+            })
+            .collect();
+        match self.backend.run_with_jpegs(shape, &jpegs, &mut self.output) {
+            Err(BackendError::DeviceDecode(why)) => {
+                // One bad file fails the device's whole batch call: decode this batch's
+                // JPEGs here instead, so only the bad ones fail, each with its own error.
+                tracing::warn!(error = %why, jpegs = jpegs.len(), "GPU JPEG decoding failed; decoding this batch's JPEGs on the CPU");
+                rejected = self.decode_jpegs_on_host(shape, items)?;
+                self.backend.run(shape, &mut self.output)?;
+            }
+            other => other?,
+        }
         let inferred = Instant::now();
 
         let got = self.output.shape.first().copied().unwrap_or(0);
@@ -331,7 +400,9 @@ impl Detector {
             return Err(EngineError::BatchMismatch { got, want: run_n });
         }
         let per_image = self.output.data.len() / got.max(1);
-        let wants_detections = items.iter().any(|i| matches!(i, BatchItem::Image(_)));
+        let wants_detections = items
+            .iter()
+            .any(|i| matches!(i, BatchItem::Image(_) | BatchItem::Jpeg(_)));
         let rows = if wants_detections {
             self.spec.layout.candidates_per_image(&self.output.shape)?
         } else {
@@ -347,6 +418,15 @@ impl Detector {
                         .process(self.spec.layout, out, rows, img.params, img.letterbox, &mut dets);
                     ItemOutput::Detections(dets)
                 }
+                BatchItem::Jpeg(j) => match rejected.iter().position(|(s, _)| *s == i) {
+                    Some(at) => ItemOutput::Rejected(rejected.swap_remove(at).1),
+                    None => {
+                        let mut dets = Vec::new();
+                        self.post
+                            .process(self.spec.layout, out, rows, j.params, j.letterbox, &mut dets);
+                        ItemOutput::Detections(dets)
+                    }
+                },
                 BatchItem::Tensor(_) => ItemOutput::Tensor(out.to_vec()),
             });
         }
@@ -357,6 +437,43 @@ impl Detector {
             postprocess: done - inferred,
         };
         Ok((results, timings))
+    }
+}
+
+impl Detector {
+    /// Decodes and letterboxes the JPEG slots of `items` into the host input buffer (the
+    /// other slots are already there); returns the slots that could not be decoded, whose
+    /// canvases are left gray.
+    fn decode_jpegs_on_host(
+        &mut self,
+        shape: [usize; 4],
+        items: &[BatchItem<'_>],
+    ) -> Result<Vec<(usize, DecodeError)>, EngineError> {
+        let slot_len = self.spec.image_len();
+        let (w, h) = (self.spec.input_width, self.spec.input_height);
+        let mut rejected = Vec::new();
+        let InputBuffer::U8(input) = self.backend.input(shape)? else {
+            return Err(EngineError::Backend(BackendError::Inference(
+                "JPEG slots need a model with a uint8 canvas input".into(),
+            )));
+        };
+        let mut canvas = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let BatchItem::Jpeg(j) = item else { continue };
+            let dst = &mut input[i * slot_len..(i + 1) * slot_len];
+            match decode_image(j.data, DecodeLimits::default()) {
+                Ok(img) => {
+                    self.canvas
+                        .fill_into(ImageView::from(&img.rgb), w, h, &mut canvas);
+                    dst.copy_from_slice(&canvas);
+                }
+                Err(e) => {
+                    dst.fill(Letterbox::PAD_VALUE);
+                    rejected.push((i, e));
+                }
+            }
+        }
+        Ok(rejected)
     }
 }
 

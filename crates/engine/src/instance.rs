@@ -8,12 +8,12 @@ use peregrine_types::DetectParams;
 use peregrine_vision::{DetectorSpec, Letterbox};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::detector::{BatchItem, Detector, PreparedInput};
+use crate::detector::{BatchItem, Detector, JpegInput, PreparedInput};
 use crate::queue_task::{Command, ItemTimings, Work};
 use crate::request::RequestError;
 use crate::service::Shared;
 use crate::stats::BatchRun;
-use crate::{telemetry, EngineError};
+use crate::{telemetry, EngineError, ItemOutput};
 
 /// Model instance threads alive in this process, sessions included.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -79,6 +79,19 @@ pub(crate) fn run_instance(mut detector: Detector, commands: mpsc::WeakSender<Co
                     params,
                 }),
                 Work::Tensor(data) => BatchItem::Tensor(data),
+                Work::Jpeg {
+                    data,
+                    width,
+                    height,
+                    letterbox,
+                    params,
+                } => BatchItem::Jpeg(JpegInput {
+                    data,
+                    width: *width,
+                    height: *height,
+                    letterbox,
+                    params,
+                }),
             })
             .collect();
         shared.running.fetch_add(1, Ordering::Relaxed);
@@ -145,6 +158,28 @@ fn warm_up(detector: &mut Detector, spec: &DetectorSpec, sizes: &[usize]) -> Res
             n
         ];
         detector.run_prepared(&inputs)?;
+    }
+    if detector.decodes_jpeg() {
+        // The device decoder prepares itself per batch size too.
+        let jpeg = peregrine_vision::gray_jpeg(spec.input_width as u32, spec.input_height as u32);
+        for &n in sizes {
+            let items = vec![
+                BatchItem::Jpeg(JpegInput {
+                    data: &jpeg,
+                    width: spec.input_width,
+                    height: spec.input_height,
+                    letterbox: &letterbox,
+                    params: &params,
+                });
+                n
+            ];
+            let (outputs, _) = detector.run_batch(&items)?;
+            if let Some(ItemOutput::Rejected(e)) = outputs.first() {
+                return Err(EngineError::WarmUp(format!(
+                    "the GPU JPEG decoder refused a test image: {e}"
+                )));
+            }
+        }
     }
     Ok(())
 }

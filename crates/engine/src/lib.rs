@@ -29,7 +29,7 @@ mod service;
 pub mod stats;
 pub mod telemetry;
 
-pub use detector::{BatchItem, Detector, DetectorConfig, ItemOutput, PreparedInput, StageTimings};
+pub use detector::{BatchItem, Detector, DetectorConfig, ItemOutput, JpegInput, PreparedInput, StageTimings};
 pub use error::EngineError;
 pub use instance::live_instances;
 pub use queue::BatchPolicy;

@@ -27,6 +27,14 @@ pub(crate) enum Work {
     },
     /// One image's worth of the caller's float32 input tensor, little-endian.
     Tensor(Bytes),
+    /// A baseline JPEG, decoded and letterboxed on the device by the instance that runs it.
+    Jpeg {
+        data: Bytes,
+        width: usize,
+        height: usize,
+        letterbox: Letterbox,
+        params: DetectParams,
+    },
 }
 
 pub(crate) struct Entry {

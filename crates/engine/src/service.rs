@@ -22,7 +22,8 @@ use crossbeam_queue::ArrayQueue;
 use peregrine_backend::ModelDescription;
 use peregrine_types::DetectParams;
 use peregrine_vision::{
-    decode_image, DecodeLimits, DetectorSpec, ImageView, InputForm, Letterbox, LetterboxCanvas,
+    baseline_jpeg, decode_image_with, BaselineJpeg, DecodeLimits, DecodeOptions, DetectorSpec, ImageView,
+    InputForm, Letterbox, LetterboxCanvas,
 };
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -48,6 +49,10 @@ pub struct EngineConfig {
     /// Images decoded and letterboxed at once.
     pub preprocess_threads: usize,
     pub decode_limits: DecodeLimits,
+    /// Let JPEGs over twice the model's input size decode at 1/2, 1/4 or 1/8 scale
+    /// (libjpeg-turbo's scaled IDCT) before the letterbox: much less decoding work, pixels
+    /// a little different from a full-size decode (see `DecodeOptions::fit_within`).
+    pub jpeg_dct_scaling: bool,
     /// Refuse (429) a request whose deadline is shorter than the work already queued,
     /// instead of queueing it to time out (504).
     pub shed_on_backlog: bool,
@@ -95,6 +100,8 @@ pub(crate) struct Shared {
     pub stats: EngineStats,
     /// One image's raw output shape (without the batch dimension), known after warm-up.
     pub output_shape: std::sync::OnceLock<Vec<usize>>,
+    /// The instances decode baseline JPEGs on the device: such requests skip the CPU.
+    pub device_jpeg: bool,
 }
 
 impl Shared {
@@ -170,6 +177,18 @@ impl WeakEngine {
 
 thread_local! {
     static SCRATCH: RefCell<LetterboxCanvas> = RefCell::new(LetterboxCanvas::new());
+    /// The last decoded image's pixel memory, for the next image this thread decodes.
+    static DECODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Largest decode buffer a thread keeps between images (a 4K frame is 24 MiB); the memory
+/// of a rare larger image is given back at once.
+const KEEP_DECODE_BUFFER_BYTES: usize = 32 << 20;
+
+fn keep_decode_buffer(buffer: Vec<u8>) {
+    if buffer.capacity() <= KEEP_DECODE_BUFFER_BYTES {
+        DECODED.with(|b| *b.borrow_mut() = buffer);
+    }
 }
 
 impl Engine {
@@ -183,6 +202,7 @@ impl Engine {
         let instances = config.instances.max(1);
         let detectors: Vec<Detector> = (0..instances).map(|_| factory()).collect::<Result<_, _>>()?;
         let spec = detectors[0].spec().clone();
+        let device_jpeg = detectors.iter().all(Detector::decodes_jpeg);
         let description = detectors[0].description().clone();
         let mut policy = config.policy.clone();
         policy.max_batch = policy.max_batch.clamp(1, detectors[0].batch_size());
@@ -198,6 +218,7 @@ impl Engine {
             running: AtomicUsize::new(0),
             stats: EngineStats::new(policy.max_batch),
             output_shape: std::sync::OnceLock::new(),
+            device_jpeg,
             spec,
             description,
             config: EngineConfig {
@@ -390,7 +411,7 @@ impl Engine {
                     {
                         return Err(RequestError::BadImage(peregrine_vision::DecodeError::Empty));
                     }
-                    Ok(letterbox_into_pool(shared, view))
+                    Ok(letterbox_into_pool(shared, view, (view.width, view.height)))
                 },
                 params,
                 deadline,
@@ -406,8 +427,54 @@ impl Engine {
         params: DetectParams,
         deadline: Instant,
     ) -> Result<ImageResult, RequestError> {
+        if self.shared.device_jpeg {
+            // A header read, microseconds: no decoder slot needed.
+            if let Some(jpeg) = baseline_jpeg(&image, self.shared.config.decode_limits)? {
+                return self.detect_device_jpeg(image, jpeg, params, deadline).await;
+            }
+        }
         self.preprocess_and_detect(move |shared| prepare(shared, &image), params, deadline)
             .await
+    }
+
+    /// Queues a baseline JPEG as it is, for the instance to decode on the device.
+    async fn detect_device_jpeg(
+        &self,
+        image: Bytes,
+        jpeg: BaselineJpeg,
+        params: DetectParams,
+        deadline: Instant,
+    ) -> Result<ImageResult, RequestError> {
+        self.check_admissible(deadline)?;
+        let spec = &self.shared.spec;
+        let (width, height) = (jpeg.width as usize, jpeg.height as usize);
+        let letterbox = Letterbox::new(width, height, spec.input_width, spec.input_height);
+        let work = Work::Jpeg {
+            data: image,
+            width,
+            height,
+            letterbox,
+            params,
+        };
+        let (output, t) = self.submit(work, deadline, Duration::ZERO).await?;
+        let detections = match output {
+            ItemOutput::Detections(d) => d,
+            ItemOutput::Rejected(e) => return Err(RequestError::BadImage(e)),
+            ItemOutput::Tensor(_) => {
+                return Err(RequestError::Inference("an image slot returned a tensor".into()))
+            }
+        };
+        Ok(ImageResult {
+            width: jpeg.width,
+            height: jpeg.height,
+            detections,
+            timings: RequestTimings {
+                decode: Duration::ZERO,
+                queue: t.queue,
+                inference: t.batch,
+                batch_size: t.batch_size,
+            },
+        })
     }
 
     /// Runs `prepare` (decode and letterbox) on the bounded preprocessing pool, then queues
@@ -518,18 +585,46 @@ impl Engine {
     }
 }
 
-/// Decode and letterbox on the blocking pool, into a pooled canvas.
+/// Decode and letterbox on the blocking pool, into a pooled canvas. The decoded pixels go
+/// into this thread's own buffer, reused from image to image.
 fn prepare(shared: &Shared, image: &[u8]) -> Result<(Vec<u8>, Letterbox, u32, u32), RequestError> {
-    let decoded = decode_image(image, shared.config.decode_limits)?;
-    Ok(letterbox_into_pool(shared, ImageView::from(&decoded.rgb)))
+    let spec = &shared.spec;
+    let mut options = DecodeOptions {
+        buffer: DECODED.with(|b| std::mem::take(&mut *b.borrow_mut())),
+        fit_within: shared
+            .config
+            .jpeg_dct_scaling
+            .then_some((spec.input_width, spec.input_height)),
+    };
+    let decoded = decode_image_with(image, shared.config.decode_limits, &mut options);
+    // On an error the buffer is still in `options`; on success it is the image's.
+    let decoded = match decoded {
+        Ok(d) => d,
+        Err(e) => {
+            keep_decode_buffer(options.buffer);
+            return Err(e.into());
+        }
+    };
+    let size = (decoded.width() as usize, decoded.height() as usize);
+    let prepared = letterbox_into_pool(shared, ImageView::from(&decoded.rgb), size);
+    keep_decode_buffer(decoded.rgb.into_raw());
+    Ok(prepared)
 }
 
-/// Letterboxes `image` into a pooled canvas, with this thread's scratch.
-fn letterbox_into_pool(shared: &Shared, image: ImageView<'_>) -> (Vec<u8>, Letterbox, u32, u32) {
+/// Letterboxes `image` (a picture of `size`, possibly held at reduced scale) into a pooled
+/// canvas, with this thread's scratch.
+fn letterbox_into_pool(
+    shared: &Shared,
+    image: ImageView<'_>,
+    size: (usize, usize),
+) -> (Vec<u8>, Letterbox, u32, u32) {
     let mut canvas = shared.buffers.pop().unwrap_or_default();
-    let letterbox =
-        SCRATCH.with(|s| Detector::prepare(&shared.spec, image, &mut s.borrow_mut(), &mut canvas));
-    (canvas, letterbox, image.width as u32, image.height as u32)
+    let spec = &shared.spec;
+    let letterbox = SCRATCH.with(|s| {
+        s.borrow_mut()
+            .fill_into_from(image, size, spec.input_width, spec.input_height, &mut canvas)
+    });
+    (canvas, letterbox, size.0 as u32, size.1 as u32)
 }
 
 #[cfg(test)]

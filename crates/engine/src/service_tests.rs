@@ -1,7 +1,7 @@
 //! Engine tests over a fake backend: batching, deadlines, admission, shutdown.
 
 use super::*;
-use crate::fake::{png, SlowBackend};
+use crate::fake::{broken_jpeg, jpeg, png, DeviceJpegBackend, SlowBackend};
 use crate::DetectorConfig;
 use std::sync::Mutex;
 
@@ -37,6 +37,7 @@ fn start(
         max_in_flight: in_flight,
         preprocess_threads: 2,
         decode_limits: DecodeLimits::default(),
+        jpeg_dct_scaling: false,
         shed_on_backlog: false,
         defaults: DetectParams::default(),
     };
@@ -280,6 +281,7 @@ async fn a_failed_warm_up_is_reported_with_its_reason() {
         max_in_flight: 4,
         preprocess_threads: 1,
         decode_limits: DecodeLimits::default(),
+        jpeg_dct_scaling: false,
         shed_on_backlog: false,
         defaults: DetectParams::default(),
     };
@@ -313,4 +315,84 @@ async fn decoded_frames_with_padded_rows_are_detected_and_bad_ones_refused() {
         .unwrap_err();
     assert!(matches!(err, RequestError::BadImage(_)), "{err}");
     assert_eq!(*computed.lock().unwrap(), [11]);
+}
+
+fn start_device_jpeg(device_fails: bool) -> (Engine, Arc<Mutex<usize>>) {
+    let decoded = Arc::new(Mutex::new(0));
+    let d = decoded.clone();
+    let factory = move || -> Result<Detector, EngineError> {
+        Detector::new(
+            Box::new(DeviceJpegBackend::new(device_fails, d.clone())),
+            &DetectorConfig {
+                imgsz: None,
+                max_batch: 4,
+                run_sizes: vec![],
+            },
+        )
+    };
+    let config = EngineConfig {
+        name: "fake-jpeg".into(),
+        version: "1".into(),
+        instances: 1,
+        policy: BatchPolicy {
+            max_batch: 4,
+            max_delay: Duration::from_millis(5),
+            preferred: vec![],
+            capacity: 16,
+        },
+        max_in_flight: 16,
+        preprocess_threads: 1,
+        decode_limits: DecodeLimits::default(),
+        jpeg_dct_scaling: false,
+        shed_on_backlog: false,
+        defaults: DetectParams::default(),
+    };
+    (Engine::start(config, factory).unwrap(), decoded)
+}
+
+async fn class_of(engine: &Engine, image: Bytes) -> Result<(u32, u32, u32), RequestError> {
+    let permit = engine.try_admit().unwrap();
+    let r = engine
+        .detect(&permit, image, DetectParams::default(), far())
+        .await?;
+    Ok((r.detections[0].class_id, r.width, r.height))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baseline_jpegs_go_to_the_device_decoder_and_other_images_to_the_cpu() {
+    let (engine, decoded) = start_device_jpeg(false);
+    engine.wait_ready().await.unwrap();
+    let warm_up = *decoded.lock().unwrap();
+    assert!(warm_up > 0, "warm-up runs the device decoder");
+    let (class, w, h) = class_of(&engine, jpeg(200)).await.unwrap();
+    assert!(
+        class.abs_diff(200) <= 4,
+        "the JPEG's own colour came through: {class}"
+    );
+    assert_eq!((w, h), (64, 48), "sizes are the JPEG's, from its header");
+    assert_eq!(*decoded.lock().unwrap(), warm_up + 1);
+    let (class, _, _) = class_of(&engine, png(77)).await.unwrap();
+    assert_eq!(class, 77, "a PNG is decoded on the CPU and still answered");
+    assert_eq!(*decoded.lock().unwrap(), warm_up + 1, "not by the device");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_device_cannot_decode_a_batch_its_jpegs_are_decoded_on_the_cpu() {
+    let (engine, _) = start_device_jpeg(true);
+    // Warm-up's test JPEG also falls back, and still passes.
+    engine.wait_ready().await.unwrap();
+    let good = {
+        let e = engine.clone();
+        tokio::spawn(async move { class_of(&e, jpeg(150)).await })
+    };
+    let bad = {
+        let e = engine.clone();
+        tokio::spawn(async move { class_of(&e, broken_jpeg()).await })
+    };
+    let (class, _, _) = good.await.unwrap().unwrap();
+    assert!(class.abs_diff(150) <= 4, "{class}");
+    match bad.await.unwrap() {
+        Err(RequestError::BadImage(e)) => assert!(e.to_string().contains("corrupt"), "{e}"),
+        other => panic!("the broken JPEG must fail on its own: {other:?}"),
+    }
 }

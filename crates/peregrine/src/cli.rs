@@ -44,6 +44,8 @@ pub enum Command {
     Bench(crate::loadgen::BenchArgs),
     /// Measure the model alone (no server): images per second by batch size.
     BenchModel(crate::model_bench::ModelBenchArgs),
+    /// Measure image preparation alone (decode and letterbox) on several threads.
+    BenchDecode(crate::decode_bench::DecodeBenchArgs),
 }
 
 /// Options shared by everything that loads a model.
@@ -62,6 +64,10 @@ pub struct ModelArgs {
     /// Path of libonnxruntime.so; by default the copy fetched by `make setup` is used.
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_lib: Option<PathBuf>,
+    /// Write ONNX Runtime's per-node profile (Chrome trace JSON) to files starting with
+    /// this path, one per session, when the sessions close.
+    #[arg(long, env = "PEREGRINE_ORT_PROFILE")]
+    pub ort_profile: Option<PathBuf>,
     #[command(flatten)]
     pub provider: crate::provider_args::ProviderArgs,
 }

@@ -2,6 +2,7 @@
 //! does is delegated to the library crates; this is the only crate that uses `anyhow`.
 
 mod cli;
+mod decode_bench;
 mod detect;
 mod inputs;
 mod loadgen;
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
         cli::Command::Serve(args) => serve::run(*args),
         cli::Command::Bench(args) => loadgen::run(args),
         cli::Command::BenchModel(args) => model_bench::run(args),
+        cli::Command::BenchDecode(args) => decode_bench::run(args),
     };
     match result {
         Ok(code) => code,

@@ -27,6 +27,10 @@ pub fn load_backend(
 /// graph's input shape is fixed at that many images (see
 /// `peregrine_engine::graph::fixed_shape_weights`), and the detector runs only that size.
 pub fn load_detector(args: &ModelArgs, max_batch: usize, fixed_batch: Option<usize>) -> Result<Detector> {
+    anyhow::ensure!(
+        !args.provider.gpu_jpeg_decode,
+        "--gpu-jpeg-decode applies to `peregrine serve`; this command decodes its images on the CPU"
+    );
     let provider = args.provider.provider();
     let on_gpu = provider != ExecutionProvider::Cpu;
     let session = SessionConfig {
@@ -34,6 +38,9 @@ pub fn load_detector(args: &ModelArgs, max_batch: usize, fixed_batch: Option<usi
         runtime_path: args.ort_lib.clone(),
         provider,
         pinned_input: args.provider.pinned_input,
+        device_io: args.provider.device_io,
+        gpu_jpeg_decode: args.provider.gpu_jpeg_decode,
+        profile: args.ort_profile.clone(),
         ..Default::default()
     };
     let fallback = args.provider.provider_fallback;

@@ -64,6 +64,9 @@ pub struct BatchFigures {
 /// One instance's runs over the measured time.
 struct Measured {
     times: Vec<Duration>,
+    /// From the first measured run's start to the last one's end (warm-up excluded: a
+    /// session's first runs may take seconds, which would otherwise count as throughput).
+    window: Duration,
     norm: Duration,
     model: Duration,
     post: Duration,
@@ -80,6 +83,7 @@ fn measure(
     }
     let mut m = Measured {
         times: Vec::new(),
+        window: Duration::ZERO,
         norm: Duration::ZERO,
         model: Duration::ZERO,
         post: Duration::ZERO,
@@ -93,6 +97,7 @@ fn measure(
         m.model += t.inference;
         m.post += t.postprocess;
     }
+    m.window = start.elapsed();
     Ok(m)
 }
 
@@ -165,7 +170,6 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
                 }
             })
             .collect();
-        let start = Instant::now();
         let runs: Vec<Measured> = std::thread::scope(|scope| {
             let handles: Vec<_> = detectors
                 .iter_mut()
@@ -179,7 +183,6 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
                 .map(|h| h.join().expect("a benchmark thread panicked"))
                 .collect::<Result<Vec<_>>>()
         })?;
-        let elapsed = start.elapsed().as_secs_f64();
         let mut times: Vec<Duration> = runs.iter().flat_map(|m| m.times.iter().copied()).collect();
         times.sort();
         let total = times.len();
@@ -189,7 +192,11 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
             batch,
             instances: args.instances,
             runs: total,
-            images_per_s: (total * batch) as f64 / elapsed,
+            // Each instance's rate over its own measured window, summed.
+            images_per_s: runs
+                .iter()
+                .map(|m| (m.times.len() * batch) as f64 / m.window.as_secs_f64().max(1e-9))
+                .sum(),
             batch_ms_p50: percentile(&times, 0.5),
             batch_ms_p99: percentile(&times, 0.99),
             normalize_ms_mean: mean(sum(|m| m.norm)),

@@ -64,6 +64,15 @@ pub struct ProviderArgs {
     /// Stage inputs in page-locked host memory on GPU providers (faster copies to the GPU).
     #[arg(long, env = "PEREGRINE_PINNED_INPUT", default_value_t = true, action = clap::ArgAction::Set)]
     pub pinned_input: bool,
+    /// Keep the model's input and output in GPU memory at fixed addresses, copied in and
+    /// out explicitly (cuda, tensorrt); implied by --cuda-graph, which replays those addresses.
+    #[arg(long, env = "PEREGRINE_DEVICE_IO")]
+    pub device_io: bool,
+    /// Decode baseline JPEGs on the GPU (nvJPEG, the hardware decoder where there is one)
+    /// and letterbox them there instead of on the CPU cores (cuda; needs the rewritten
+    /// graph; implies --device-io). Other images are still decoded on the CPU.
+    #[arg(long, env = "PEREGRINE_GPU_JPEG_DECODE")]
+    pub gpu_jpeg_decode: bool,
 }
 
 impl Default for ProviderArgs {
@@ -85,6 +94,8 @@ impl Default for ProviderArgs {
             graph_rewrite: GraphRewrite::Auto,
             top_k: peregrine_onnx_top_k(),
             pinned_input: true,
+            device_io: false,
+            gpu_jpeg_decode: false,
         }
     }
 }

@@ -47,7 +47,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
 /// come from the heap and fragment it: measured here, resident memory grew by 40% over
 /// 100 load/unload cycles. A fixed threshold keeps blocks of 1 MiB and more in their own
 /// mappings, which go back to the system when freed (docs/benchmarks.md).
-fn keep_large_allocations_out_of_the_heap(threshold: usize) {
+pub(crate) fn keep_large_allocations_out_of_the_heap(threshold: usize) {
     if threshold == 0 {
         return;
     }
@@ -76,6 +76,7 @@ fn model_defaults(s: &ServeSettings) -> ModelSettings {
         },
         max_in_flight: s.max_in_flight,
         preprocess_threads: s.preprocess_threads,
+        jpeg_dct_scaling: s.jpeg_dct_scaling,
         decode_limits: DecodeLimits {
             max_pixels: s.max_pixels,
         },
@@ -84,6 +85,8 @@ fn model_defaults(s: &ServeSettings) -> ModelSettings {
         provider: s.provider.provider(),
         provider_fallback: s.provider.provider_fallback,
         pinned_input: s.provider.pinned_input,
+        device_io: s.provider.device_io,
+        gpu_jpeg_decode: s.provider.gpu_jpeg_decode,
         graph_rewrite: s.provider.graph_rewrite,
         top_k: s.provider.top_k,
         padded_batch_sizes: s.padded_batch_sizes.clone(),

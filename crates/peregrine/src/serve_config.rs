@@ -40,6 +40,7 @@ pub struct ServeSettings {
     pub max_body_bytes: usize,
     pub body_timeout_ms: u64,
     pub max_pixels: u64,
+    pub jpeg_dct_scaling: bool,
     pub shed_on_backlog: bool,
     pub shutdown_timeout_s: u64,
     pub malloc_mmap_threshold: usize,
@@ -90,6 +91,7 @@ impl Default for ServeSettings {
             max_body_bytes: 32 << 20,
             body_timeout_ms: 30_000,
             max_pixels: 50_000_000,
+            jpeg_dct_scaling: false,
             shed_on_backlog: true,
             shutdown_timeout_s: 30,
             malloc_mmap_threshold: 1 << 20,
@@ -219,6 +221,12 @@ pub struct ServeArgs {
     /// Largest image in pixels, checked before decoding [default: 50000000].
     #[arg(long, env = "PEREGRINE_MAX_PIXELS")]
     pub max_pixels: Option<u64>,
+    /// Decode JPEGs over twice the model's input size at 1/2, 1/4 or 1/8 scale
+    /// (libjpeg-turbo's scaled IDCT) before letterboxing: far less decoding work for large
+    /// photos and frames, pixels slightly different from Ultralytics' full decode and
+    /// resize [default: false].
+    #[arg(long, env = "PEREGRINE_JPEG_DCT_SCALING")]
+    pub jpeg_dct_scaling: Option<bool>,
     /// Answer 429 at once when the queued work already exceeds a request's deadline,
     /// rather than queueing it to end in 504 [default: true].
     #[arg(long, env = "PEREGRINE_SHED_ON_BACKLOG")]
@@ -284,6 +292,7 @@ impl ServeArgs {
             max_body_bytes,
             body_timeout_ms,
             max_pixels,
+            jpeg_dct_scaling,
             shed_on_backlog,
             malloc_mmap_threshold,
             shutdown_timeout_s

@@ -30,17 +30,54 @@ impl Default for DecodeLimits {
 #[derive(Debug, Clone)]
 pub struct DecodedImage {
     pub format: ImageFormat,
+    /// The pixels: the whole picture, at its full size unless [`DecodeOptions::fit_within`]
+    /// let a JPEG be decoded at a fraction of it.
     pub rgb: RgbImage,
+    /// The picture's upright size as encoded, which boxes are reported in.
+    pub size: (u32, u32),
 }
 
 impl DecodedImage {
+    /// Width of the picture as encoded (upright), whatever scale `rgb` holds it at.
     pub fn width(&self) -> u32 {
-        self.rgb.width()
+        self.size.0
     }
 
+    /// Height of the picture as encoded (upright).
     pub fn height(&self) -> u32 {
-        self.rgb.height()
+        self.size.1
     }
+
+    /// Whether `rgb` holds the picture at less than its full size.
+    pub fn is_reduced(&self) -> bool {
+        self.size != self.rgb.dimensions()
+    }
+}
+
+/// How to decode, beyond the limits.
+#[derive(Debug, Default)]
+pub struct DecodeOptions {
+    /// Memory for the pixels, reused when large enough (a decoder thread keeps one buffer
+    /// instead of allocating, and faulting in, megabytes per image).
+    pub buffer: Vec<u8>,
+    /// The size the image will be letterboxed into. A JPEG larger than twice that is then
+    /// decoded at 1/2, 1/4 or 1/8 of its size by libjpeg-turbo's scaled IDCT (the smallest
+    /// that still has at least as many pixels as the letterbox keeps), which skips most of
+    /// the decoding work; the letterbox then resamples from that. The pixels differ a little
+    /// from a full decode followed by the same resize, so this is a choice, off by default.
+    pub fit_within: Option<(usize, usize)>,
+}
+
+/// The smallest power-of-two reduction (1/2, 1/4, 1/8) of a `width` x `height` picture that
+/// is still no smaller than fitting it into `fit` scales it to; 1 when there is none.
+fn jpeg_reduction(width: usize, height: usize, fit: Option<(usize, usize)>) -> usize {
+    let Some((fw, fh)) = fit else { return 1 };
+    let gain = (fw as f64 / width as f64).min(fh as f64 / height as f64);
+    let mut denom = 1;
+    while denom < 8 && 1.0 / (2 * denom) as f64 >= gain {
+        denom *= 2;
+    }
+    denom
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -86,7 +123,7 @@ fn is_supported(format: ImageFormat) -> bool {
 /// Decodes a JPEG with libjpeg-turbo (the decoder OpenCV uses, so pixels match the
 /// reference pipeline bit for bit). Returns `None` for the colour spaces libjpeg-turbo cannot
 /// convert to RGB (CMYK, YCCK), which the generic decoder then handles.
-fn decode_jpeg_turbo(bytes: &[u8]) -> Result<Option<DecodedImage>, DecodeError> {
+fn decode_jpeg_turbo(bytes: &[u8], options: &mut DecodeOptions) -> Result<Option<DecodedImage>, DecodeError> {
     let malformed = |reason: String| DecodeError::Malformed {
         format: "JPEG".into(),
         reason,
@@ -105,8 +142,30 @@ fn decode_jpeg_turbo(bytes: &[u8]) -> Result<Option<DecodedImage>, DecodeError> 
     ) {
         return Ok(None);
     }
-    let (width, height) = (header.width, header.height);
-    let mut pixels = vec![0u8; width * height * 3];
+    // A quarter turn swaps the axes the letterbox fits.
+    let fit = options.fit_within.map(|(w, h)| {
+        if orientation_swaps_axes(orientation) {
+            (h, w)
+        } else {
+            (w, h)
+        }
+    });
+    let denom = jpeg_reduction(header.width, header.height, fit);
+    let full = (header.width as u32, header.height as u32);
+    let (width, height) = if denom > 1 {
+        let factor = turbojpeg::ScalingFactor::new(1, denom);
+        decompressor
+            .set_scaling_factor(factor)
+            .map_err(|e| malformed(e.to_string()))?;
+        (factor.scale(header.width), factor.scale(header.height))
+    } else {
+        (header.width, header.height)
+    };
+    let mut pixels = std::mem::take(&mut options.buffer);
+    pixels.clear();
+    // Every byte is written by the decoder; the zeroing is for safety only and touches
+    // memory the decoder would fault in anyway.
+    pixels.resize(width * height * 3, 0);
     let target = turbojpeg::Image {
         pixels: pixels.as_mut_slice(),
         width,
@@ -119,12 +178,28 @@ fn decode_jpeg_turbo(bytes: &[u8]) -> Result<Option<DecodedImage>, DecodeError> 
         .map_err(|e| malformed(e.to_string()))?;
     let rgb = RgbImage::from_raw(width as u32, height as u32, pixels)
         .ok_or_else(|| malformed("decoded size does not match the header".into()))?;
-    let mut image = DynamicImage::ImageRgb8(rgb);
-    image.apply_orientation(orientation);
+    let size = if orientation_swaps_axes(orientation) {
+        (full.1, full.0)
+    } else {
+        full
+    };
+    let rgb = if orientation == image::metadata::Orientation::NoTransforms {
+        rgb
+    } else {
+        let mut image = DynamicImage::ImageRgb8(rgb);
+        image.apply_orientation(orientation);
+        image.into_rgb8()
+    };
     Ok(Some(DecodedImage {
         format: ImageFormat::Jpeg,
-        rgb: image.into_rgb8(),
+        rgb,
+        size,
     }))
+}
+
+fn orientation_swaps_axes(o: image::metadata::Orientation) -> bool {
+    use image::metadata::Orientation::*;
+    matches!(o, Rotate90 | Rotate270 | Rotate90FlipH | Rotate270FlipH)
 }
 
 fn check_pixels(width: u64, height: u64, limits: DecodeLimits) -> Result<(), DecodeError> {
@@ -154,9 +229,109 @@ fn jpeg_has_end_marker(bytes: &[u8]) -> bool {
     }
 }
 
+/// A JPEG a GPU decoder can take as it is, by its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaselineJpeg {
+    pub width: u32,
+    pub height: u32,
+}
+
+/// Reads `bytes`' header and says whether it is a plain baseline JPEG, the kind GPU
+/// decoders (nvJPEG's hardware decoder) handle: 8-bit baseline Huffman (SOF0), one or three
+/// components, no EXIF rotation, ending in an end-of-image marker. `Ok(None)` means decode
+/// it on the CPU instead (progressive, arithmetic-coded, CMYK, rotated, not a JPEG).
+/// Errors are the ones [`decode_image`] would give for the same bytes: size over the limits,
+/// truncation, an unparseable header.
+pub fn baseline_jpeg(bytes: &[u8], limits: DecodeLimits) -> Result<Option<BaselineJpeg>, DecodeError> {
+    if !bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        return Ok(None);
+    }
+    let malformed = |reason: String| DecodeError::Malformed {
+        format: "JPEG".into(),
+        reason,
+    };
+    let Some(sof) = start_of_frame(bytes) else {
+        return Ok(None);
+    };
+    let (marker, precision, height, width, components) = sof;
+    check_pixels(u64::from(width), u64::from(height), limits)?;
+    if !jpeg_has_end_marker(bytes) {
+        return Err(malformed(
+            "the file ends before the end-of-image marker (truncated upload?)".into(),
+        ));
+    }
+    if marker != 0xC0 || precision != 8 || !matches!(components, 1 | 3) {
+        return Ok(None);
+    }
+    let orientation = image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes))
+        .and_then(|mut d| d.orientation())
+        .map_err(|e| malformed(e.to_string()))?;
+    if orientation != image::metadata::Orientation::NoTransforms {
+        return Ok(None);
+    }
+    Ok(Some(BaselineJpeg {
+        width: u32::from(width),
+        height: u32::from(height),
+    }))
+}
+
+/// The first start-of-frame segment: (marker, precision, height, width, components).
+/// Walks the marker segments from SOI; `None` when there is none before the scan or the
+/// segments run past the end.
+fn start_of_frame(bytes: &[u8]) -> Option<(u8, u8, u16, u16, u8)> {
+    let mut i = 2;
+    loop {
+        // Markers may be preceded by fill bytes (0xFF).
+        while *bytes.get(i)? == 0xFF && *bytes.get(i + 1)? == 0xFF {
+            i += 1;
+        }
+        if *bytes.get(i)? != 0xFF {
+            return None;
+        }
+        let marker = *bytes.get(i + 1)?;
+        if marker == 0xDA || marker == 0xD9 {
+            return None;
+        }
+        let len = u16::from_be_bytes([*bytes.get(i + 2)?, *bytes.get(i + 3)?]) as usize;
+        // SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC).
+        if (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
+            let seg = bytes.get(i + 4..i + 2 + len)?;
+            if seg.len() < 6 {
+                return None;
+            }
+            let height = u16::from_be_bytes([seg[1], seg[2]]);
+            let width = u16::from_be_bytes([seg[3], seg[4]]);
+            return Some((marker, seg[0], height, width, seg[5]));
+        }
+        i += 2 + len;
+    }
+}
+
+/// A baseline JPEG of a uniform gray `width` x `height` image: a known-good file for
+/// warming up a JPEG decoder.
+pub fn gray_jpeg(width: u32, height: u32) -> Vec<u8> {
+    let img = RgbImage::from_pixel(width.max(1), height.max(1), image::Rgb([114, 114, 114]));
+    let mut out = Cursor::new(Vec::new());
+    DynamicImage::ImageRgb8(img)
+        .write_to(&mut out, ImageFormat::Jpeg)
+        .expect("encoding an in-memory JPEG cannot fail");
+    out.into_inner()
+}
+
 /// Decodes `bytes` into upright RGB8: EXIF orientation applied, alpha dropped, gray
 /// expanded, 16-bit reduced to 8-bit.
 pub fn decode_image(bytes: &[u8], limits: DecodeLimits) -> Result<DecodedImage, DecodeError> {
+    decode_image_with(bytes, limits, &mut DecodeOptions::default())
+}
+
+/// [`decode_image`] with [`DecodeOptions`]: a buffer to decode into (taken from `options`;
+/// give it back through `DecodedImage::rgb.into_raw()` for the next call) and an optional
+/// letterbox size that lets large JPEGs decode at reduced scale.
+pub fn decode_image_with(
+    bytes: &[u8],
+    limits: DecodeLimits,
+    options: &mut DecodeOptions,
+) -> Result<DecodedImage, DecodeError> {
     if bytes.is_empty() {
         return Err(DecodeError::Empty);
     }
@@ -181,7 +356,7 @@ pub fn decode_image(bytes: &[u8], limits: DecodeLimits) -> Result<DecodedImage, 
         });
     }
     if format == ImageFormat::Jpeg {
-        if let Some(decoded) = decode_jpeg_turbo(bytes)? {
+        if let Some(decoded) = decode_jpeg_turbo(bytes, options)? {
             return Ok(decoded);
         }
     }
@@ -201,7 +376,8 @@ pub fn decode_image(bytes: &[u8], limits: DecodeLimits) -> Result<DecodedImage, 
         DynamicImage::ImageRgb8(rgb) => rgb,
         other => other.into_rgb8(),
     };
-    Ok(DecodedImage { format, rgb })
+    let size = rgb.dimensions();
+    Ok(DecodedImage { format, rgb, size })
 }
 
 #[cfg(test)]
@@ -341,6 +517,127 @@ mod tests {
         let tagged = insert_exif_orientation(&jpeg, 6);
         let img = decode_image(&tagged, DecodeLimits::default()).unwrap();
         assert_eq!((img.width(), img.height()), (2, 4));
+    }
+
+    #[test]
+    fn jpeg_reduction_keeps_at_least_the_letterboxed_size() {
+        let fit = Some((640, 640));
+        assert_eq!(jpeg_reduction(1280, 720, fit), 2, "exactly twice the size");
+        assert_eq!(jpeg_reduction(1279, 720, fit), 1, "just under twice");
+        assert_eq!(jpeg_reduction(810, 1080, fit), 1);
+        assert_eq!(jpeg_reduction(1920, 1080, fit), 2);
+        assert_eq!(jpeg_reduction(3840, 2160, fit), 4);
+        assert_eq!(
+            jpeg_reduction(20_000, 20_000, fit),
+            8,
+            "1/8 is the most libjpeg does"
+        );
+        assert_eq!(jpeg_reduction(1920, 1080, None), 1);
+        assert_eq!(jpeg_reduction(320, 200, fit), 1, "never for upscaling");
+    }
+
+    fn smooth_jpeg(w: u32, h: u32) -> Vec<u8> {
+        let img = DynamicImage::ImageRgb8(RgbImage::from_fn(w, h, |x, y| {
+            image::Rgb([
+                (x * 255 / w) as u8,
+                (y * 255 / h) as u8,
+                ((x + y) % 256) as u8 / 2,
+            ])
+        }));
+        encode(img, ImageFormat::Jpeg)
+    }
+
+    #[test]
+    fn large_jpegs_decode_at_reduced_scale_when_allowed() {
+        let bytes = smooth_jpeg(1280, 720);
+        let full = decode_image(&bytes, DecodeLimits::default()).unwrap();
+        assert!(!full.is_reduced());
+        let mut options = DecodeOptions {
+            fit_within: Some((640, 640)),
+            ..Default::default()
+        };
+        let half = decode_image_with(&bytes, DecodeLimits::default(), &mut options).unwrap();
+        assert_eq!(half.size, (1280, 720), "boxes are reported in the full size");
+        assert_eq!(half.rgb.dimensions(), (640, 360));
+        assert!(half.is_reduced());
+        // The letterbox from the half-size decode matches the one from the full decode
+        // closely: the same geometry, pixels within a few levels on this smooth image.
+        let mut canvas = crate::LetterboxCanvas::new();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let la = canvas.fill_into(crate::ImageView::from(&full.rgb), 640, 640, &mut a);
+        let lb = canvas.fill_into_from(crate::ImageView::from(&half.rgb), (1280, 720), 640, 640, &mut b);
+        assert_eq!(la, lb);
+        let mean_diff: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(&x, &y)| f64::from(x.abs_diff(y)))
+            .sum::<f64>()
+            / a.len() as f64;
+        assert!(mean_diff < 1.5, "mean difference {mean_diff}");
+    }
+
+    #[test]
+    fn reduced_scale_follows_the_exif_rotation() {
+        let bytes = insert_exif_orientation(&smooth_jpeg(1280, 720), 6);
+        let mut options = DecodeOptions {
+            fit_within: Some((640, 640)),
+            ..Default::default()
+        };
+        let img = decode_image_with(&bytes, DecodeLimits::default(), &mut options).unwrap();
+        assert_eq!(img.size, (720, 1280));
+        assert_eq!(img.rgb.dimensions(), (360, 640));
+    }
+
+    #[test]
+    fn the_given_buffer_is_decoded_into() {
+        let bytes = smooth_jpeg(64, 48);
+        let buffer = Vec::with_capacity(64 * 48 * 3);
+        let ptr = buffer.as_ptr();
+        let mut options = DecodeOptions {
+            buffer,
+            ..Default::default()
+        };
+        let img = decode_image_with(&bytes, DecodeLimits::default(), &mut options).unwrap();
+        assert_eq!(img.rgb.as_raw().as_ptr(), ptr);
+        assert_eq!(img.rgb.dimensions(), (64, 48));
+    }
+
+    #[test]
+    fn baseline_jpegs_are_recognised_and_others_are_not() {
+        let limits = DecodeLimits::default();
+        let jpeg = smooth_jpeg(64, 48);
+        assert_eq!(
+            baseline_jpeg(&jpeg, limits).unwrap(),
+            Some(BaselineJpeg {
+                width: 64,
+                height: 48
+            })
+        );
+        let png = encode(sample_rgb(8, 8), ImageFormat::Png);
+        assert_eq!(baseline_jpeg(&png, limits).unwrap(), None, "not a JPEG");
+        let rotated = insert_exif_orientation(&jpeg, 6);
+        assert_eq!(baseline_jpeg(&rotated, limits).unwrap(), None, "rotated: CPU");
+        // The same header bytes with the frame marked progressive (SOF2).
+        let mut progressive = jpeg.clone();
+        let at = progressive.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+        progressive[at + 1] = 0xC2;
+        assert_eq!(
+            baseline_jpeg(&progressive, limits).unwrap(),
+            None,
+            "progressive: CPU"
+        );
+        assert!(matches!(
+            baseline_jpeg(&jpeg[..jpeg.len() / 2], limits),
+            Err(DecodeError::Malformed { .. })
+        ));
+        assert!(matches!(
+            baseline_jpeg(&jpeg, DecodeLimits { max_pixels: 100 }),
+            Err(DecodeError::TooLarge { .. })
+        ));
+        assert_eq!(
+            baseline_jpeg(&[0xFF, 0xD8, 0xFF, 0xE0, 0x00], limits).unwrap(),
+            None
+        );
     }
 
     /// Inserts an APP1 EXIF segment holding only an orientation tag right after SOI.

@@ -184,6 +184,36 @@ impl AxisTable {
     }
 }
 
+/// The resampling a letterbox of a `src_width` x `src_height` image into `lb` does, as
+/// tables for another implementation of the same arithmetic (the GPU's): one row per output
+/// column, `[first tap byte offset, second tap byte offset, weight 0, weight 1]` in an RGB
+/// row, and one per output row, `[first source row, second source row, weight 0,
+/// weight 1]`. With these, each output value is
+/// `clamp((((a0*w0 + a1*w1) >> 4) * v0 >> 16) + (((b0*w0 + b1*w1) >> 4) * v1 >> 16) + 2) >> 2`
+/// for taps `a` on the first row and `b` on the second, as [`LetterboxCanvas`] computes it.
+pub fn resample_tables(
+    src_width: usize,
+    src_height: usize,
+    lb: &Letterbox,
+) -> (Vec<[i32; 4]>, Vec<[i32; 4]>) {
+    let (mut xs, mut ys) = (AxisTable::default(), AxisTable::default());
+    xs.build(src_width, lb.scaled_width);
+    ys.build(src_height, lb.scaled_height);
+    let columns = xs
+        .taps
+        .iter()
+        .zip(&xs.weights)
+        .map(|(&[t0, t1], &[w0, w1])| [t0 as i32, t1 as i32, w0, w1])
+        .collect();
+    let rows = ys
+        .index
+        .iter()
+        .zip(&ys.weights)
+        .map(|(&s, &[w0, w1])| [s as i32, (s as usize + 1).min(src_height - 1) as i32, w0, w1])
+        .collect();
+    (columns, rows)
+}
+
 /// A reusable letterbox target: the padded RGB8 canvas plus the scratch the resampler needs.
 /// After warm-up, letterboxing allocates nothing.
 #[derive(Debug, Default)]
@@ -234,7 +264,21 @@ impl LetterboxCanvas {
         dst_height: usize,
         out: &mut Vec<u8>,
     ) -> Letterbox {
-        let lb = Letterbox::new(src.width, src.height, dst_width, dst_height);
+        self.fill_into_from(src, (src.width, src.height), dst_width, dst_height, out)
+    }
+
+    /// [`LetterboxCanvas::fill_into`] for a picture of `source_size` that `src` holds at a
+    /// reduced scale (a JPEG decoded with DCT scaling): the geometry, and so the mapping of
+    /// boxes back, is the full-size picture's; the pixels are resampled from `src`.
+    pub fn fill_into_from(
+        &mut self,
+        src: ImageView<'_>,
+        source_size: (usize, usize),
+        dst_width: usize,
+        dst_height: usize,
+        out: &mut Vec<u8>,
+    ) -> Letterbox {
+        let lb = Letterbox::new(source_size.0, source_size.1, dst_width, dst_height);
         self.width = dst_width;
         self.height = dst_height;
         out.resize(dst_width * dst_height * 3, 0);
@@ -322,6 +366,33 @@ fn copy_unscaled(pixels: &mut [u8], src: ImageView<'_>, lb: &Letterbox) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resample_tables_reproduce_the_letterbox() {
+        let (w, h) = (203, 117);
+        let src: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
+        let view = ImageView::packed(&src, w, h).unwrap();
+        let mut canvas = LetterboxCanvas::new();
+        let lb = canvas.fill(view, 64, 64);
+        let (columns, rows) = resample_tables(w, h, &lb);
+        assert_eq!((columns.len(), rows.len()), (lb.scaled_width, lb.scaled_height));
+        for (dy, &[r0, r1, v0, v1]) in rows.iter().enumerate() {
+            for (dx, &[t0, t1, w0, w1]) in columns.iter().enumerate() {
+                for c in 0..3 {
+                    let tap = |row: i32, t: i32| i32::from(src[row as usize * w * 3 + t as usize + c]);
+                    let a = ((tap(r0, t0) * w0 + tap(r0, t1) * w1) >> 4) as i16;
+                    let b = ((tap(r1, t0) * w0 + tap(r1, t1) * w1) >> 4) as i16;
+                    let v = (((i32::from(a) * v0) >> 16) + ((i32::from(b) * v1) >> 16) + 2) >> 2;
+                    let at = ((lb.top + dy) * 64 + lb.left + dx) * 3 + c;
+                    assert_eq!(
+                        canvas.pixels()[at],
+                        v.clamp(0, 255) as u8,
+                        "({dx}, {dy}) channel {c}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn geometry_matches_ultralytics_for_landscape_and_portrait() {

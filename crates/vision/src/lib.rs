@@ -24,8 +24,11 @@ pub mod normalize;
 pub mod postprocess;
 pub mod spec;
 
-pub use decode::{decode_image, DecodeError, DecodeLimits, DecodedImage};
+pub use decode::{
+    baseline_jpeg, decode_image, decode_image_with, gray_jpeg, BaselineJpeg, DecodeError, DecodeLimits,
+    DecodeOptions, DecodedImage,
+};
 pub use layout::{LayoutError, OutputLayout};
-pub use letterbox::{ImageView, Letterbox, LetterboxCanvas};
+pub use letterbox::{resample_tables, ImageView, Letterbox, LetterboxCanvas};
 pub use postprocess::{Candidate, Postprocessor};
 pub use spec::{DetectorSpec, InputForm, SpecError};

@@ -36,6 +36,7 @@ pub fn engine_config(name: &str, version: u64, settings: &ModelSettings) -> Engi
         max_in_flight: settings.max_in_flight,
         preprocess_threads: settings.preprocess_threads,
         decode_limits: settings.decode_limits,
+        jpeg_dct_scaling: settings.jpeg_dct_scaling,
         shed_on_backlog: settings.shed_on_backlog,
         defaults: settings.defaults.clone(),
     }
@@ -55,6 +56,9 @@ impl EngineLoader for OrtLoader {
             runtime_path: settings.runtime_path.clone(),
             provider: settings.provider.clone(),
             pinned_input: settings.pinned_input,
+            device_io: settings.device_io,
+            gpu_jpeg_decode: settings.gpu_jpeg_decode,
+            profile: None,
         };
         let rewritten = rewritten_weights(
             weights,

@@ -57,6 +57,8 @@ pub struct ModelSettings {
     pub max_in_flight: usize,
     pub preprocess_threads: usize,
     pub decode_limits: DecodeLimits,
+    /// Let large JPEGs decode at reduced scale (see `EngineConfig::jpeg_dct_scaling`).
+    pub jpeg_dct_scaling: bool,
     pub shed_on_backlog: bool,
     /// Input (height, width) for models with a dynamic input size.
     pub imgsz: Option<(usize, usize)>,
@@ -67,6 +69,12 @@ pub struct ModelSettings {
     pub provider_fallback: bool,
     /// On GPU providers, stage inputs in page-locked host memory.
     pub pinned_input: bool,
+    /// On GPU providers, keep the model's input and output in device memory at fixed
+    /// addresses (implied by CUDA graphs).
+    pub device_io: bool,
+    /// On CUDA, decode baseline JPEGs on the GPU (nvJPEG) and letterbox them there, instead
+    /// of on the CPU cores.
+    pub gpu_jpeg_decode: bool,
     /// Rewrite the graph at load time (uint8 input, top-K candidates out).
     pub graph_rewrite: GraphRewrite,
     /// Candidate rows per image the rewritten graph returns.
@@ -104,12 +112,15 @@ impl Default for ModelSettings {
             max_in_flight: 128,
             preprocess_threads: 2,
             decode_limits: DecodeLimits::default(),
+            jpeg_dct_scaling: false,
             shed_on_backlog: true,
             imgsz: None,
             defaults: DetectParams::default(),
             provider: ExecutionProvider::Cpu,
             provider_fallback: false,
             pinned_input: true,
+            device_io: false,
+            gpu_jpeg_decode: false,
             graph_rewrite: GraphRewrite::Auto,
             top_k: peregrine_onnx::DEFAULT_TOP_K,
             padded_batch_sizes: Vec::new(),
@@ -148,6 +159,7 @@ pub struct ModelConfigFile {
     pub padded_batch_sizes: Option<Vec<usize>>,
     pub session_per_batch_size: Option<bool>,
     pub fixed_input_shapes: Option<bool>,
+    pub jpeg_dct_scaling: Option<bool>,
     pub provider: Option<ProviderFile>,
 }
 
@@ -159,6 +171,8 @@ pub struct ProviderFile {
     pub kind: String,
     pub fallback: Option<bool>,
     pub pinned_input: Option<bool>,
+    pub device_io: Option<bool>,
+    pub gpu_jpeg_decode: Option<bool>,
     pub device_id: i32,
     pub memory_limit: Option<usize>,
     pub cudnn_exhaustive: bool,
@@ -230,7 +244,8 @@ impl ModelSettings {
             top_k,
             padded_batch_sizes,
             session_per_batch_size,
-            fixed_input_shapes
+            fixed_input_shapes,
+            jpeg_dct_scaling
         );
         if let Some(v) = &file.graph_rewrite {
             s.graph_rewrite = v.parse().map_err(SettingsError)?;
@@ -273,6 +288,12 @@ impl ModelSettings {
             if let Some(pinned) = p.pinned_input {
                 s.pinned_input = pinned;
             }
+            if let Some(device_io) = p.device_io {
+                s.device_io = device_io;
+            }
+            if let Some(decode) = p.gpu_jpeg_decode {
+                s.gpu_jpeg_decode = decode;
+            }
         }
         s.validate()?;
         Ok(s)
@@ -289,6 +310,11 @@ impl ModelSettings {
 
     /// Checks every bound; messages name the key and what it must be.
     pub fn validate(&self) -> Result<(), SettingsError> {
+        if self.gpu_jpeg_decode && self.gpu_device().is_none() {
+            return Err(SettingsError(
+                "gpu_jpeg_decode needs a GPU provider (cuda or tensorrt)".into(),
+            ));
+        }
         let positive = [
             ("instances", self.instances),
             ("max_batch", self.policy.max_batch),
@@ -351,6 +377,24 @@ mod tests {
         assert_eq!(VersionPolicy::Latest(2).select(&on_disk), [10, 3]);
         assert_eq!(VersionPolicy::All.select(&on_disk), [10, 3, 2, 1]);
         assert_eq!(VersionPolicy::Specific(vec![2, 7]).select(&on_disk), [2]);
+    }
+
+    #[test]
+    fn gpu_jpeg_decoding_needs_a_gpu_provider() {
+        let cpu = ModelSettings {
+            gpu_jpeg_decode: true,
+            ..ModelSettings::default()
+        };
+        let err = cpu.validate().unwrap_err();
+        assert!(
+            err.to_string().contains("gpu_jpeg_decode needs a GPU provider"),
+            "{err}"
+        );
+        let cuda = ModelSettings {
+            provider: ExecutionProvider::Cuda(Default::default()),
+            ..cpu
+        };
+        cuda.validate().unwrap();
     }
 
     #[test]
