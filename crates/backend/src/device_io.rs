@@ -18,6 +18,7 @@ use ort::value::{DynTensor, DynTensorValueType, TensorElementType};
 
 use crate::cuda::jpeg::{GpuJpegDecoder, JpegSlot};
 use crate::cuda::{self, CopyKind, Stream};
+use crate::ort_backend::read_output;
 use crate::staging::{Element, Staging};
 use crate::{BackendError, InputBuffer, OutputBuffer};
 
@@ -32,7 +33,6 @@ fn cuda_fail(e: cuda::CudaError) -> BackendError {
 /// The run's output, once its shape is known: its pinned host mirror.
 struct BoundOutput {
     host: DynTensor,
-    element: TensorElementType,
     bytes: usize,
 }
 
@@ -200,10 +200,10 @@ impl DeviceIo {
             self.binding
                 .bind_output(self.output_name.as_str(), device_output)
                 .map_err(fail("binding the device output"))?;
-            self.output = Some(BoundOutput { host, element, bytes });
+            self.output = Some(BoundOutput { host, bytes });
         }
         let bound = self.output.as_ref().expect("set above");
-        read_output(&bound.host, bound.element, output)
+        read_output(&bound.host, output)
     }
 
     /// Writes the device input: host-written slots copied over, JPEG slots decoded there.
@@ -301,37 +301,4 @@ fn copy_to_host(
     }
     .map_err(cuda_fail)?;
     cuda::synchronize(stream).map_err(cuda_fail)
-}
-
-/// Widens the host copy of the output into `output` (float16 models keep float16 there).
-fn read_output(
-    host: &DynTensor,
-    element: TensorElementType,
-    output: &mut OutputBuffer,
-) -> Result<(), BackendError> {
-    output.shape.clear();
-    output.data.clear();
-    output
-        .shape
-        .extend(host.shape().iter().map(|&d| d.max(0) as usize));
-    match element {
-        TensorElementType::Float32 => {
-            let (_, data) = host
-                .try_extract_tensor::<f32>()
-                .map_err(|e| BackendError::Output(e.to_string()))?;
-            output.data.extend_from_slice(data);
-        }
-        TensorElementType::Float16 => {
-            let (_, data) = host
-                .try_extract_tensor::<half::f16>()
-                .map_err(|e| BackendError::Output(e.to_string()))?;
-            output.data.extend(data.iter().map(|v| v.to_f32()));
-        }
-        other => {
-            return Err(BackendError::Output(format!(
-                "expected a float32 or float16 tensor, got {other:?}"
-            )))
-        }
-    }
-    Ok(())
 }

@@ -67,13 +67,24 @@ pub trait Backend: Send {
         jpegs: &[JpegSlot<'_>],
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
-        if jpegs.is_empty() {
-            self.run(shape, output)
-        } else {
-            Err(BackendError::Inference(
-                "this backend does not decode JPEGs".into(),
-            ))
-        }
+        run_without_jpegs(self, shape, jpegs, output)
+    }
+}
+
+/// [`Backend::run_with_jpegs`] for a backend that cannot decode JPEGs: a batch with none is
+/// an ordinary run, one with any is an error.
+pub(crate) fn run_without_jpegs<B: Backend + ?Sized>(
+    backend: &mut B,
+    shape: [usize; 4],
+    jpegs: &[JpegSlot<'_>],
+    output: &mut OutputBuffer,
+) -> Result<(), BackendError> {
+    if jpegs.is_empty() {
+        backend.run(shape, output)
+    } else {
+        Err(BackendError::Inference(
+            "this backend does not decode JPEGs".into(),
+        ))
     }
 }
 

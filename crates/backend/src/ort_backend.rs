@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
-use ort::value::{TensorElementType, ValueType};
+use ort::value::{TensorElementType, TensorValueTypeMarker, Value, ValueType};
 use peregrine_types::model::ElementType;
 use peregrine_types::{Dim, ModelDescription, TensorDescription};
 
@@ -358,10 +358,7 @@ impl Backend for OrtBackend {
     ) -> Result<(), BackendError> {
         match &mut self.io {
             Io::Device(d) => d.run_with_jpegs(&mut self.session, shape, jpegs, output),
-            Io::Staged(_) if jpegs.is_empty() => self.run(shape, output),
-            Io::Staged(_) => Err(BackendError::Inference(
-                "this session does not decode JPEGs".into(),
-            )),
+            Io::Staged(_) => crate::run_without_jpegs(self, shape, jpegs, output),
         }
     }
 
@@ -371,21 +368,27 @@ impl Backend for OrtBackend {
             Io::Device(d) => return d.run(&mut self.session, shape, output),
         };
         let outputs = staging.run(&mut self.session, shape)?;
-        let output_value = &outputs[0];
-        output.shape.clear();
-        output.data.clear();
-        // Models exported for GPUs may keep float16 at the output; widen it here so
-        // everything downstream sees float32.
-        if let Ok((shape, data)) = output_value.try_extract_tensor::<f32>() {
-            output.shape.extend(shape.iter().map(|&d| d.max(0) as usize));
-            output.data.extend_from_slice(data);
-        } else {
-            let (shape, data) = output_value
-                .try_extract_tensor::<half::f16>()
-                .map_err(|e| BackendError::Output(format!("expected a float32 or float16 tensor: {e}")))?;
-            output.shape.extend(shape.iter().map(|&d| d.max(0) as usize));
-            output.data.extend(data.iter().map(|v| v.to_f32()));
-        }
-        Ok(())
+        read_output(&outputs[0], output)
     }
+}
+
+/// Copies a host output tensor into `output`. Models exported for GPUs may keep float16 at
+/// the output; it is widened here so everything downstream sees float32.
+pub(crate) fn read_output<T: TensorValueTypeMarker + ?Sized>(
+    value: &Value<T>,
+    output: &mut OutputBuffer,
+) -> Result<(), BackendError> {
+    output.shape.clear();
+    output.data.clear();
+    if let Ok((shape, data)) = value.try_extract_tensor::<f32>() {
+        output.shape.extend(shape.iter().map(|&d| d.max(0) as usize));
+        output.data.extend_from_slice(data);
+    } else {
+        let (shape, data) = value
+            .try_extract_tensor::<half::f16>()
+            .map_err(|e| BackendError::Output(format!("expected a float32 or float16 tensor: {e}")))?;
+        output.shape.extend(shape.iter().map(|&d| d.max(0) as usize));
+        output.data.extend(data.iter().map(|v| v.to_f32()));
+    }
+    Ok(())
 }
