@@ -99,7 +99,7 @@ impl DeviceIo {
                     "decoding JPEGs on the GPU needs the rewritten graph (uint8 canvas input)".into(),
                 ));
             }
-            Some(GpuJpegDecoder::new(device, PAD_VALUE).map_err(cuda_err)?)
+            Some(GpuJpegDecoder::new(device).map_err(cuda_err)?)
         } else {
             None
         };
@@ -219,9 +219,9 @@ impl DeviceIo {
             unreachable!("the device input is made before the upload");
         };
         let device_ptr = device_input.data_ptr_mut().cast::<u8>();
-        let (_, host_ptr) = self
+        let host_ptr = self
             .host_input
-            .pinned_block()
+            .pinned_ptr()
             .ok_or_else(|| BackendError::Inference("device inputs need pinned staging".into()))?;
         let slot_bytes = n / shape[0].max(1) * self.element.size();
         // Contiguous runs of host-written slots, one copy each.
@@ -267,9 +267,6 @@ impl DeviceIo {
         Ok(())
     }
 }
-
-/// The letterbox's gray, as the host path pads (peregrine-vision's `Letterbox::PAD_VALUE`).
-const PAD_VALUE: u8 = 114;
 
 fn element_size(element: TensorElementType) -> Result<usize, BackendError> {
     match element {

@@ -106,10 +106,10 @@ impl Staging {
         self.len
     }
 
-    /// The pinned block's memory description and address, when staging is pinned.
-    pub fn pinned_block(&self) -> Option<(MemoryInfo<'static>, *mut c_void)> {
+    /// The pinned block's address, when staging is pinned.
+    pub fn pinned_ptr(&self) -> Option<*mut c_void> {
         match &self.memory {
-            Memory::Pinned(block) => Some((block.info.clone(), block.ptr)),
+            Memory::Pinned(block) => Some(block.ptr),
             Memory::Host { .. } => None,
         }
     }

@@ -379,6 +379,7 @@ impl Detector {
                 height: j.height,
                 scaled: (j.letterbox.scaled_width, j.letterbox.scaled_height),
                 offset: (j.letterbox.left, j.letterbox.top),
+                pad_value: Letterbox::PAD_VALUE,
                 columns,
                 rows,
             })

@@ -245,6 +245,7 @@ mod gpu {
                     height: p.height,
                     scaled: (p.letterbox.scaled_width, p.letterbox.scaled_height),
                     offset: (p.letterbox.left, p.letterbox.top),
+                    pad_value: Letterbox::PAD_VALUE,
                     columns: &p.columns,
                     rows: &p.rows,
                 }
@@ -261,7 +262,7 @@ mod gpu {
         stop: &AtomicBool,
         done: &AtomicU64,
     ) -> Result<()> {
-        let mut decoder = GpuJpegDecoder::new(device, Letterbox::PAD_VALUE)?;
+        let mut decoder = GpuJpegDecoder::new(device)?;
         let canvas = DeviceBuffer::new(batch * imgsz * imgsz * 3)?;
         // Tables are built once here; the engine builds them per batch (microseconds).
         let prepared = prepare(&decoder, images, imgsz)?;
@@ -278,7 +279,7 @@ mod gpu {
 
     /// Letterboxes every image on the GPU and on the CPU and prints how far apart they are.
     pub fn report_parity(images: &[Vec<u8>], imgsz: usize, device: i32) -> Result<()> {
-        let mut decoder = GpuJpegDecoder::new(device, Letterbox::PAD_VALUE)?;
+        let mut decoder = GpuJpegDecoder::new(device)?;
         println!(
             "GPU JPEG decoder: {}",
             if decoder.is_hardware() {

@@ -46,6 +46,8 @@ pub struct JpegSlot<'a> {
     /// The size it is resized to, and where that goes on the canvas.
     pub scaled: (usize, usize),
     pub offset: (usize, usize),
+    /// The gray the rest of the canvas is filled with.
+    pub pad_value: u8,
     /// The resampling, as `peregrine_vision::resample_tables` gives it: one row per output
     /// column and one per output row (unused when `scaled` is the image's own size).
     pub columns: &'a [[i32; 4]],
@@ -72,7 +74,6 @@ pub struct GpuJpegDecoder {
     decoded: Vec<DeviceBuffer>,
     /// The batch size nvJPEG's batched state was last initialised for.
     initialized_for: usize,
-    pad_value: u8,
 }
 
 // SAFETY: the nvJPEG handle and state are owned by this value and used through `&mut self`.
@@ -91,8 +92,8 @@ impl Drop for GpuJpegDecoder {
 }
 
 impl GpuJpegDecoder {
-    /// A decoder on `device`, padding with `pad_value`.
-    pub fn new(device: i32, pad_value: u8) -> Result<Self, CudaError> {
+    /// A decoder on `device`.
+    pub fn new(device: i32) -> Result<Self, CudaError> {
         let api = api()?;
         super::set_device(device)?;
         let mut handle: Handle = std::ptr::null_mut();
@@ -140,7 +141,6 @@ impl GpuJpegDecoder {
             tables: DeviceBuffer::new(0)?,
             decoded: Vec::new(),
             initialized_for: 0,
-            pad_value,
         })
     }
 
@@ -289,12 +289,7 @@ impl GpuJpegDecoder {
             // stream; the tables were uploaded above on that stream.
             let base = unsafe { canvas.add(s.slot * slot_bytes) };
             check(api, "cudaMemsetAsync", unsafe {
-                (api.cuda_memset_async)(
-                    base.cast(),
-                    c_int::from(self.pad_value),
-                    slot_bytes,
-                    self.stream.0,
-                )
+                (api.cuda_memset_async)(base.cast(), c_int::from(s.pad_value), slot_bytes, self.stream.0)
             })?;
             let dst = unsafe { base.add(top * row_bytes + left * 3) };
             let src = self.decoded[i].ptr() as *const u8;
@@ -307,7 +302,7 @@ impl GpuJpegDecoder {
                         s.width * 3,
                         s.width * 3,
                         s.height,
-                        3,
+                        CopyKind::DeviceToDevice as c_int,
                         self.stream.0,
                     )
                 })?;
