@@ -456,25 +456,8 @@ impl Engine {
             letterbox,
             params,
         };
-        let (output, t) = self.submit(work, deadline, Duration::ZERO).await?;
-        let detections = match output {
-            ItemOutput::Detections(d) => d,
-            ItemOutput::Rejected(e) => return Err(RequestError::BadImage(e)),
-            ItemOutput::Tensor(_) => {
-                return Err(RequestError::Inference("an image slot returned a tensor".into()))
-            }
-        };
-        Ok(ImageResult {
-            width: jpeg.width,
-            height: jpeg.height,
-            detections,
-            timings: RequestTimings {
-                decode: Duration::ZERO,
-                queue: t.queue,
-                inference: t.batch,
-                batch_size: t.batch_size,
-            },
-        })
+        self.submit_image(work, deadline, Duration::ZERO, (jpeg.width, jpeg.height))
+            .await
     }
 
     /// Runs `prepare` (decode and letterbox) on the bounded preprocessing pool, then queues
@@ -511,9 +494,25 @@ impl Engine {
             letterbox,
             params,
         };
+        self.submit_image(work, deadline, decode, (width, height)).await
+    }
+
+    /// Queues an image slot and waits for its detections; `size` is the picture's, which
+    /// the result reports.
+    async fn submit_image(
+        &self,
+        work: Work,
+        deadline: Instant,
+        decode: Duration,
+        (width, height): (u32, u32),
+    ) -> Result<ImageResult, RequestError> {
         let (output, t) = self.submit(work, deadline, decode).await?;
-        let ItemOutput::Detections(detections) = output else {
-            return Err(RequestError::Inference("an image slot returned a tensor".into()));
+        let detections = match output {
+            ItemOutput::Detections(d) => d,
+            ItemOutput::Rejected(e) => return Err(RequestError::BadImage(e)),
+            ItemOutput::Tensor(_) => {
+                return Err(RequestError::Inference("an image slot returned a tensor".into()))
+            }
         };
         Ok(ImageResult {
             width,
