@@ -124,18 +124,11 @@ fn is_supported(format: ImageFormat) -> bool {
 /// reference pipeline bit for bit). Returns `None` for the colour spaces libjpeg-turbo cannot
 /// convert to RGB (CMYK, YCCK), which the generic decoder then handles.
 fn decode_jpeg_turbo(bytes: &[u8], options: &mut DecodeOptions) -> Result<Option<DecodedImage>, DecodeError> {
-    let malformed = |reason: String| DecodeError::Malformed {
-        format: "JPEG".into(),
-        reason,
-    };
-    // EXIF orientation comes from the image crate's header parser, which reads no pixels.
-    let orientation = image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes))
-        .and_then(|mut d| d.orientation())
-        .map_err(|e| malformed(e.to_string()))?;
-    let mut decompressor = turbojpeg::Decompressor::new().map_err(|e| malformed(e.to_string()))?;
+    let orientation = jpeg_orientation(bytes)?;
+    let mut decompressor = turbojpeg::Decompressor::new().map_err(|e| jpeg_malformed(e.to_string()))?;
     let header = decompressor
         .read_header(bytes)
-        .map_err(|e| malformed(e.to_string()))?;
+        .map_err(|e| jpeg_malformed(e.to_string()))?;
     if matches!(
         header.colorspace,
         turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
@@ -156,7 +149,7 @@ fn decode_jpeg_turbo(bytes: &[u8], options: &mut DecodeOptions) -> Result<Option
         let factor = turbojpeg::ScalingFactor::new(1, denom);
         decompressor
             .set_scaling_factor(factor)
-            .map_err(|e| malformed(e.to_string()))?;
+            .map_err(|e| jpeg_malformed(e.to_string()))?;
         (factor.scale(header.width), factor.scale(header.height))
     } else {
         (header.width, header.height)
@@ -175,9 +168,9 @@ fn decode_jpeg_turbo(bytes: &[u8], options: &mut DecodeOptions) -> Result<Option
     };
     decompressor
         .decompress(bytes, target)
-        .map_err(|e| malformed(e.to_string()))?;
+        .map_err(|e| jpeg_malformed(e.to_string()))?;
     let rgb = RgbImage::from_raw(width as u32, height as u32, pixels)
-        .ok_or_else(|| malformed("decoded size does not match the header".into()))?;
+        .ok_or_else(|| jpeg_malformed("decoded size does not match the header".into()))?;
     let size = if orientation_swaps_axes(orientation) {
         (full.1, full.0)
     } else {
@@ -216,6 +209,32 @@ fn check_pixels(width: u64, height: u64, limits: DecodeLimits) -> Result<(), Dec
     Ok(())
 }
 
+fn jpeg_malformed(reason: String) -> DecodeError {
+    DecodeError::Malformed {
+        format: "JPEG".into(),
+        reason,
+    }
+}
+
+/// EXIF orientation, from the image crate's header parser, which reads no pixels.
+fn jpeg_orientation(bytes: &[u8]) -> Result<image::metadata::Orientation, DecodeError> {
+    image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes))
+        .and_then(|mut d| d.orientation())
+        .map_err(|e| jpeg_malformed(e.to_string()))
+}
+
+/// The JPEG decoder fills a cut-off scan with gray and reports success; a request must not
+/// get detections on half a picture without knowing.
+fn check_jpeg_complete(bytes: &[u8]) -> Result<(), DecodeError> {
+    if jpeg_has_end_marker(bytes) {
+        Ok(())
+    } else {
+        Err(jpeg_malformed(
+            "the file ends before the end-of-image marker (truncated upload?)".into(),
+        ))
+    }
+}
+
 /// Whether an end-of-image marker (FF D9) follows the last start-of-scan (FF DA). Scan data
 /// stuffs every FF with 00, so a real EOI cannot hide inside it, and an EXIF thumbnail's
 /// EOI sits before the main scan.
@@ -246,27 +265,16 @@ pub fn baseline_jpeg(bytes: &[u8], limits: DecodeLimits) -> Result<Option<Baseli
     if !bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
         return Ok(None);
     }
-    let malformed = |reason: String| DecodeError::Malformed {
-        format: "JPEG".into(),
-        reason,
-    };
     let Some(sof) = start_of_frame(bytes) else {
         return Ok(None);
     };
     let (marker, precision, height, width, components) = sof;
     check_pixels(u64::from(width), u64::from(height), limits)?;
-    if !jpeg_has_end_marker(bytes) {
-        return Err(malformed(
-            "the file ends before the end-of-image marker (truncated upload?)".into(),
-        ));
-    }
+    check_jpeg_complete(bytes)?;
     if marker != 0xC0 || precision != 8 || !matches!(components, 1 | 3) {
         return Ok(None);
     }
-    let orientation = image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes))
-        .and_then(|mut d| d.orientation())
-        .map_err(|e| malformed(e.to_string()))?;
-    if orientation != image::metadata::Orientation::NoTransforms {
+    if jpeg_orientation(bytes)? != image::metadata::Orientation::NoTransforms {
         return Ok(None);
     }
     Ok(Some(BaselineJpeg {
@@ -347,15 +355,8 @@ pub fn decode_image_with(
     if let Ok(size) = imagesize::blob_size(bytes) {
         check_pixels(size.width as u64, size.height as u64, limits)?;
     }
-    if format == ImageFormat::Jpeg && !jpeg_has_end_marker(bytes) {
-        // The JPEG decoder fills a cut-off scan with gray and reports success; a request
-        // must not get detections on half a picture without knowing.
-        return Err(DecodeError::Malformed {
-            format: format_name(format),
-            reason: "the file ends before the end-of-image marker (truncated upload?)".into(),
-        });
-    }
     if format == ImageFormat::Jpeg {
+        check_jpeg_complete(bytes)?;
         if let Some(decoded) = decode_jpeg_turbo(bytes, options)? {
             return Ok(decoded);
         }
