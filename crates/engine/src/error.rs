@@ -22,6 +22,8 @@ pub enum EngineError {
     WarmUp(String),
     #[error("could not start a model thread: {0}")]
     Thread(String),
+    #[error("slot {slot} of a detection batch is not an image (a tensor, or a JPEG that did not decode)")]
+    NotDetections { slot: usize },
     #[error("the model returned {got} images' worth of output for a batch of {want}")]
     BatchMismatch { got: usize, want: usize },
 }

@@ -8,12 +8,13 @@ use peregrine_types::DetectParams;
 use peregrine_vision::{DetectorSpec, Letterbox};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::detector::{BatchItem, Detector, JpegInput, PreparedInput};
-use crate::queue_task::{Command, ItemTimings, Work};
+use crate::detector::Detector;
+use crate::queue_task::{Batch, Command, ItemTimings, Reply};
 use crate::request::RequestError;
-use crate::service::Shared;
+use crate::shared::Shared;
+use crate::slot::{Slot, SlotOutput};
 use crate::stats::BatchRun;
-use crate::{telemetry, EngineError, ItemOutput};
+use crate::{telemetry, EngineError};
 
 /// Model instance threads alive in this process, sessions included.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -66,71 +67,7 @@ pub(crate) fn run_instance(mut detector: Detector, commands: mpsc::WeakSender<Co
             break;
         }
         let Ok(batch) = rx.blocking_recv() else { break };
-        let items: Vec<BatchItem<'_>> = batch
-            .iter()
-            .map(|(e, _)| match &e.work {
-                Work::Image {
-                    canvas,
-                    letterbox,
-                    params,
-                } => BatchItem::Image(PreparedInput {
-                    canvas,
-                    letterbox,
-                    params,
-                }),
-                Work::Tensor(data) => BatchItem::Tensor(data),
-                Work::Jpeg {
-                    data,
-                    width,
-                    height,
-                    letterbox,
-                    params,
-                } => BatchItem::Jpeg(JpegInput {
-                    data,
-                    width: *width,
-                    height: *height,
-                    letterbox,
-                    params,
-                }),
-            })
-            .collect();
-        shared.running.fetch_add(1, Ordering::Relaxed);
-        let outcome = detector.run_batch(&items);
-        shared.running.fetch_sub(1, Ordering::Relaxed);
-        drop(items);
-        let size = batch.len();
-        match outcome {
-            Ok((outputs, t)) => {
-                telemetry::batch_ran(&model, size, t.preprocess, t.inference, t.postprocess);
-                shared.record_batch_time(t.total(), size);
-                let decode_total = batch.iter().map(|(e, _)| e.decode).sum();
-                shared.stats.batch(
-                    &BatchRun {
-                        size,
-                        input: t.preprocess,
-                        infer: t.inference,
-                        output: t.postprocess,
-                    },
-                    decode_total,
-                );
-                for ((entry, waited), output) in batch.into_iter().zip(outputs) {
-                    let timings = ItemTimings {
-                        queue: waited,
-                        batch: t.total(),
-                        batch_size: size,
-                    };
-                    let _ = entry.recycle_into(&shared).send(Ok((output, timings)));
-                }
-            }
-            Err(e) => {
-                tracing::error!(model = %model, version = %version, error = %e, batch = size, "inference failed");
-                for (entry, _) in batch {
-                    let _ = entry
-                        .recycle_into(&shared)
-                        .send(Err(RequestError::Inference(e.to_string())));
-                }
-            }
-        }
+        run_one(&mut detector, batch, &shared);
     }
     // The session goes before this thread's claim on the engine, so that once the engine
     // reads as stopped its model memory has been given back.
@@ -148,33 +85,27 @@ fn warm_up(detector: &mut Detector, spec: &DetectorSpec, sizes: &[usize]) -> Res
         spec.input_height,
     );
     let params = DetectParams::default();
+    let canvas_slot = Slot::Canvas {
+        canvas,
+        letterbox,
+        params: params.clone(),
+    };
     for &n in sizes {
-        let inputs = vec![
-            PreparedInput {
-                canvas: &canvas,
-                letterbox: &letterbox,
-                params: &params,
-            };
-            n
-        ];
-        detector.run_prepared(&inputs)?;
+        detector.run_prepared(&vec![canvas_slot.clone(); n])?;
     }
     if detector.decodes_jpeg() {
         // The device decoder prepares itself per batch size too.
         let jpeg = peregrine_vision::gray_jpeg(spec.input_width as u32, spec.input_height as u32);
+        let jpeg_slot = Slot::Jpeg {
+            data: jpeg.into(),
+            width: spec.input_width,
+            height: spec.input_height,
+            letterbox,
+            params,
+        };
         for &n in sizes {
-            let items = vec![
-                BatchItem::Jpeg(JpegInput {
-                    data: &jpeg,
-                    width: spec.input_width,
-                    height: spec.input_height,
-                    letterbox: &letterbox,
-                    params: &params,
-                });
-                n
-            ];
-            let (outputs, _) = detector.run_batch(&items)?;
-            if let Some(ItemOutput::Rejected(e)) = outputs.first() {
+            let (outputs, _) = detector.run_batch(&vec![jpeg_slot.clone(); n])?;
+            if let Some(SlotOutput::Rejected(e)) = outputs.first() {
                 return Err(EngineError::WarmUp(format!(
                     "the GPU JPEG decoder refused a test image: {e}"
                 )));
@@ -182,4 +113,66 @@ fn warm_up(detector: &mut Detector, spec: &DetectorSpec, sizes: &[usize]) -> Res
         }
     }
     Ok(())
+}
+
+/// A slot's caller, while its slot is in the model.
+struct Waiting {
+    reply: Reply,
+    /// Its time in the queue.
+    waited: std::time::Duration,
+    decode: std::time::Duration,
+}
+
+/// Runs one batch and answers each of its slots.
+fn run_one(detector: &mut Detector, batch: Batch, shared: &Shared) {
+    let (model, size) = (&shared.config.name, batch.len());
+    let (slots, waiting): (Vec<Slot>, Vec<Waiting>) = batch
+        .into_iter()
+        .map(|(entry, waited)| {
+            let waiting = Waiting {
+                reply: entry.reply,
+                waited,
+                decode: entry.decode,
+            };
+            (entry.slot, waiting)
+        })
+        .unzip();
+    shared.running.fetch_add(1, Ordering::Relaxed);
+    let outcome = detector.run_batch(&slots);
+    shared.running.fetch_sub(1, Ordering::Relaxed);
+    // The canvases go back to the pool before anyone is answered.
+    for canvas in slots.into_iter().filter_map(Slot::into_canvas) {
+        shared.recycle(canvas);
+    }
+    match outcome {
+        Ok((outputs, t)) => {
+            telemetry::batch_ran(model, size, t.preprocess, t.inference, t.postprocess);
+            shared.record_batch_time(t.total(), size);
+            let decode_total = waiting.iter().map(|w| w.decode).sum();
+            shared.stats.batch(
+                &BatchRun {
+                    size,
+                    input: t.preprocess,
+                    infer: t.inference,
+                    output: t.postprocess,
+                },
+                decode_total,
+            );
+            for (w, output) in waiting.into_iter().zip(outputs) {
+                let timings = ItemTimings {
+                    queue: w.waited,
+                    batch: t.total(),
+                    batch_size: size,
+                };
+                let _ = w.reply.send(Ok((output, timings)));
+            }
+        }
+        Err(e) => {
+            let version = &shared.config.version;
+            tracing::error!(model = %model, version = %version, error = %e, batch = size, "inference failed");
+            for w in waiting {
+                let _ = w.reply.send(Err(RequestError::Inference(e.to_string())));
+            }
+        }
+    }
 }

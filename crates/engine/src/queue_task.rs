@@ -6,43 +6,24 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use peregrine_types::DetectParams;
-use peregrine_vision::Letterbox;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::detector::ItemOutput;
 use crate::queue::{BatchPolicy, BatchQueue, Dropped, NextBatch, QueueItem};
 use crate::request::RequestError;
-use crate::service::Shared;
+use crate::shared::Shared;
+use crate::slot::{Slot, SlotOutput};
 use crate::telemetry;
 
-/// What one batch slot asks of the model.
-pub(crate) enum Work {
-    /// A letterboxed image (a pooled canvas) to detect in.
-    Image {
-        canvas: Vec<u8>,
-        letterbox: Letterbox,
-        params: DetectParams,
-    },
-    /// One image's worth of the caller's float32 input tensor, little-endian.
-    Tensor(Bytes),
-    /// A baseline JPEG, decoded and letterboxed on the device by the instance that runs it.
-    Jpeg {
-        data: Bytes,
-        width: usize,
-        height: usize,
-        letterbox: Letterbox,
-        params: DetectParams,
-    },
-}
+/// Where a slot's answer goes: its output and timings, or why it got none.
+pub(crate) type Reply = oneshot::Sender<Result<(SlotOutput, ItemTimings), RequestError>>;
 
+/// One queued slot and its caller.
 pub(crate) struct Entry {
-    pub work: Work,
+    pub slot: Slot,
     pub deadline: Instant,
     /// Time spent decoding and letterboxing before the entry was queued.
     pub decode: Duration,
-    pub reply: oneshot::Sender<Result<(ItemOutput, ItemTimings), RequestError>>,
+    pub reply: Reply,
 }
 
 /// Where one slot's time went inside the engine, after decoding.
@@ -55,12 +36,9 @@ pub(crate) struct ItemTimings {
 }
 
 impl Entry {
-    /// Gives an image entry's canvas back to the pool.
-    pub fn recycle_into(
-        self,
-        shared: &Shared,
-    ) -> oneshot::Sender<Result<(ItemOutput, ItemTimings), RequestError>> {
-        if let Work::Image { canvas, .. } = self.work {
+    /// Gives an image entry's canvas back to the pool, leaving the reply to answer.
+    pub fn recycle_into(self, shared: &Shared) -> Reply {
+        if let Some(canvas) = self.slot.into_canvas() {
             shared.recycle(canvas);
         }
         self.reply

@@ -12,26 +12,26 @@
 //! a version is retired, requests in flight keep theirs until they are answered, then the
 //! queue task ends and the instance threads free their sessions.
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_queue::ArrayQueue;
 use peregrine_backend::ModelDescription;
 use peregrine_types::DetectParams;
 use peregrine_vision::{
-    baseline_jpeg, decode_image_with, BaselineJpeg, DecodeLimits, DecodeOptions, DetectorSpec, ImageView,
-    InputForm, Letterbox, LetterboxCanvas,
+    baseline_jpeg, BaselineJpeg, DecodeLimits, DetectorSpec, ImageView, InputForm, Letterbox,
 };
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
-use crate::detector::{Detector, ItemOutput};
+use crate::detector::Detector;
+use crate::preprocess::{letterbox_into_pool, prepare, Prepared};
 use crate::queue::BatchPolicy;
-use crate::queue_task::{run_queue, Command, Entry, ItemTimings, Work};
+use crate::queue_task::{run_queue, Command, Entry, ItemTimings};
 use crate::request::{ImageResult, RequestError, RequestTimings, TensorResult};
-use crate::stats::{EngineStats, StatsSnapshot};
+use crate::shared::Shared;
+use crate::slot::{Slot, SlotOutput};
+use crate::stats::StatsSnapshot;
 use crate::{instance, telemetry, EngineError};
 
 /// How an engine runs one model version.
@@ -74,78 +74,6 @@ impl Drop for AdmissionPermit {
     }
 }
 
-/// How far the instances have got with warming up.
-#[derive(Debug, Clone, Default)]
-struct Readiness {
-    ready: usize,
-    failed: Option<String>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub config: EngineConfig,
-    pub spec: DetectorSpec,
-    description: ModelDescription,
-    admission: Arc<Semaphore>,
-    in_flight: AtomicUsize,
-    preprocess: Semaphore,
-    readiness: watch::Sender<Readiness>,
-    buffers: ArrayQueue<Vec<u8>>,
-    /// Images waiting in the batch queue, as the queue task last saw it.
-    pub queued: AtomicUsize,
-    /// Recent time of one full batch, in nanoseconds (moving average; 0 until measured).
-    ns_per_batch: AtomicU64,
-    /// Batches running on the instances right now.
-    pub running: AtomicUsize,
-    pub stats: EngineStats,
-    /// One image's raw output shape (without the batch dimension), known after warm-up.
-    pub output_shape: std::sync::OnceLock<Vec<usize>>,
-    /// The instances decode baseline JPEGs on the device: such requests skip the CPU.
-    pub device_jpeg: bool,
-}
-
-impl Shared {
-    /// Returns a canvas to the pool; when the pool is full the buffer is simply freed.
-    pub fn recycle(&self, canvas: Vec<u8>) {
-        let _ = self.buffers.push(canvas);
-    }
-
-    pub fn instance_ready(&self) {
-        self.readiness.send_modify(|r| r.ready += 1);
-    }
-
-    pub fn instance_failed(&self, why: String) {
-        self.readiness.send_modify(|r| {
-            r.failed.get_or_insert(why);
-        });
-    }
-
-    /// How long a request arriving now would wait for its result: the batches queued
-    /// ahead of it (counted as full ones) plus those running, shared among the instances.
-    /// Nothing queued and nothing running means no wait, whatever past batches cost, so a
-    /// slow spell can never lock the engine into refusing everything.
-    fn expected_wait(&self) -> Duration {
-        let queued = self.queued.load(Ordering::Relaxed);
-        let running = self.running.load(Ordering::Relaxed);
-        let batches = queued.div_ceil(self.config.policy.max_batch.max(1)) + running;
-        let per_batch = self.ns_per_batch.load(Ordering::Relaxed);
-        Duration::from_nanos(per_batch.saturating_mul(batches as u64) / self.config.instances.max(1) as u64)
-    }
-
-    /// Folds a full-size batch's time into the moving average (smaller batches say little
-    /// about the cost of the full ones that a backlog is made of).
-    pub fn record_batch_time(&self, batch: Duration, images: usize) {
-        if images < self.config.policy.max_batch {
-            return;
-        }
-        let sample = u64::try_from(batch.as_nanos()).unwrap_or(u64::MAX);
-        let old = self.ns_per_batch.load(Ordering::Relaxed);
-        // A short moving average: follows the machine's speed within a few batches.
-        let new = if old == 0 { sample } else { (old * 7 + sample) / 8 };
-        self.ns_per_batch.store(new, Ordering::Relaxed);
-    }
-}
-
 /// A cloneable handle to a running engine. Dropping every handle stops it: the queue task
 /// ends, then the instance threads.
 #[derive(Clone)]
@@ -175,22 +103,6 @@ impl WeakEngine {
     }
 }
 
-thread_local! {
-    static SCRATCH: RefCell<LetterboxCanvas> = RefCell::new(LetterboxCanvas::new());
-    /// The last decoded image's pixel memory, for the next image this thread decodes.
-    static DECODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Largest decode buffer a thread keeps between images (a 4K frame is 24 MiB); the memory
-/// of a rare larger image is given back at once.
-const KEEP_DECODE_BUFFER_BYTES: usize = 32 << 20;
-
-fn keep_decode_buffer(buffer: Vec<u8>) {
-    if buffer.capacity() <= KEEP_DECODE_BUFFER_BYTES {
-        DECODED.with(|b| *b.borrow_mut() = buffer);
-    }
-}
-
 impl Engine {
     /// Builds every instance (so a bad model fails here), then starts the queue task and
     /// the instance threads, which warm up before the engine reports ready. Must be called
@@ -206,26 +118,11 @@ impl Engine {
         let description = detectors[0].description().clone();
         let mut policy = config.policy.clone();
         policy.max_batch = policy.max_batch.clamp(1, detectors[0].batch_size());
-        let pool_size = policy.capacity + instances * policy.max_batch + config.preprocess_threads + 1;
-        let shared = Arc::new(Shared {
-            admission: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
-            in_flight: AtomicUsize::new(0),
-            preprocess: Semaphore::new(config.preprocess_threads.max(1)),
-            readiness: watch::Sender::new(Readiness::default()),
-            buffers: ArrayQueue::new(pool_size),
-            queued: AtomicUsize::new(0),
-            ns_per_batch: AtomicU64::new(0),
-            running: AtomicUsize::new(0),
-            stats: EngineStats::new(policy.max_batch),
-            output_shape: std::sync::OnceLock::new(),
-            device_jpeg,
-            spec,
-            description,
-            config: EngineConfig {
-                policy: policy.clone(),
-                ..config
-            },
-        });
+        let config = EngineConfig {
+            policy: policy.clone(),
+            ..config
+        };
+        let shared = Arc::new(Shared::new(config, spec, description, device_jpeg));
         // Commands are small and the queue task drains them at once; the bound only stops a
         // stalled task from growing memory.
         let (tx, rx) = mpsc::channel(policy.capacity + 64);
@@ -449,14 +346,14 @@ impl Engine {
         let spec = &self.shared.spec;
         let (width, height) = (jpeg.width as usize, jpeg.height as usize);
         let letterbox = Letterbox::new(width, height, spec.input_width, spec.input_height);
-        let work = Work::Jpeg {
+        let slot = Slot::Jpeg {
             data: image,
             width,
             height,
             letterbox,
             params,
         };
-        self.submit_image(work, deadline, Duration::ZERO, (jpeg.width, jpeg.height))
+        self.submit_image(slot, deadline, Duration::ZERO, (jpeg.width, jpeg.height))
             .await
     }
 
@@ -464,14 +361,14 @@ impl Engine {
     /// the canvas and waits for its detections; nothing is done past the deadline.
     async fn preprocess_and_detect(
         &self,
-        prepare: impl FnOnce(&Shared) -> Result<(Vec<u8>, Letterbox, u32, u32), RequestError> + Send + 'static,
+        prepare: impl FnOnce(&Shared) -> Result<Prepared, RequestError> + Send + 'static,
         params: DetectParams,
         deadline: Instant,
     ) -> Result<ImageResult, RequestError> {
         self.check_admissible(deadline)?;
         let tokio_deadline = tokio::time::Instant::from_std(deadline);
         let expired = |stage| RequestError::DeadlineExceeded { stage };
-        let slot = tokio::time::timeout_at(tokio_deadline, self.shared.preprocess.acquire())
+        let decoder = tokio::time::timeout_at(tokio_deadline, self.shared.preprocess.acquire())
             .await
             .map_err(|_| expired("waiting for a decoder"))?
             .map_err(|_| RequestError::ShuttingDown)?;
@@ -480,37 +377,34 @@ impl Engine {
         }
         let shared = self.shared.clone();
         let started = Instant::now();
-        let (canvas, letterbox, width, height) = tokio::task::spawn_blocking(move || prepare(&shared))
+        let prepared = tokio::task::spawn_blocking(move || prepare(&shared))
             .await
             .map_err(|e| RequestError::Inference(format!("the decoder task failed: {e}")))??;
-        drop(slot);
+        drop(decoder);
         let decode = started.elapsed();
         if Instant::now() >= deadline {
-            self.shared.recycle(canvas);
+            self.shared.recycle(prepared.canvas);
             return Err(expired("decoding"));
         }
-        let work = Work::Image {
-            canvas,
-            letterbox,
-            params,
-        };
-        self.submit_image(work, deadline, decode, (width, height)).await
+        let size = (prepared.width, prepared.height);
+        self.submit_image(prepared.into_slot(params), deadline, decode, size)
+            .await
     }
 
     /// Queues an image slot and waits for its detections; `size` is the picture's, which
     /// the result reports.
     async fn submit_image(
         &self,
-        work: Work,
+        slot: Slot,
         deadline: Instant,
         decode: Duration,
         (width, height): (u32, u32),
     ) -> Result<ImageResult, RequestError> {
-        let (output, t) = self.submit(work, deadline, decode).await?;
+        let (output, t) = self.submit(slot, deadline, decode).await?;
         let detections = match output {
-            ItemOutput::Detections(d) => d,
-            ItemOutput::Rejected(e) => return Err(RequestError::BadImage(e)),
-            ItemOutput::Tensor(_) => {
+            SlotOutput::Detections(d) => d,
+            SlotOutput::Rejected(e) => return Err(RequestError::BadImage(e)),
+            SlotOutput::Tensor(_) => {
                 return Err(RequestError::Inference("an image slot returned a tensor".into()))
             }
         };
@@ -542,8 +436,8 @@ impl Engine {
             )));
         }
         self.check_admissible(deadline)?;
-        let (output, t) = self.submit(Work::Tensor(data), deadline, Duration::ZERO).await?;
-        let ItemOutput::Tensor(data) = output else {
+        let (output, t) = self.submit(Slot::Tensor(data), deadline, Duration::ZERO).await?;
+        let SlotOutput::Tensor(data) = output else {
             return Err(RequestError::Inference(
                 "a tensor slot returned detections".into(),
             ));
@@ -562,13 +456,13 @@ impl Engine {
     /// Queues one slot and waits for its answer, at most until `deadline`.
     async fn submit(
         &self,
-        work: Work,
+        slot: Slot,
         deadline: Instant,
         decode: Duration,
-    ) -> Result<(ItemOutput, ItemTimings), RequestError> {
+    ) -> Result<(SlotOutput, ItemTimings), RequestError> {
         let (reply, answer) = oneshot::channel();
         let entry = Entry {
-            work,
+            slot,
             deadline,
             decode,
             reply,
@@ -582,48 +476,6 @@ impl Engine {
             .map_err(|_| RequestError::DeadlineExceeded { stage: "queued" })?
             .map_err(|_| RequestError::ShuttingDown)?
     }
-}
-
-/// Decode and letterbox on the blocking pool, into a pooled canvas. The decoded pixels go
-/// into this thread's own buffer, reused from image to image.
-fn prepare(shared: &Shared, image: &[u8]) -> Result<(Vec<u8>, Letterbox, u32, u32), RequestError> {
-    let spec = &shared.spec;
-    let mut options = DecodeOptions {
-        buffer: DECODED.with(|b| std::mem::take(&mut *b.borrow_mut())),
-        fit_within: shared
-            .config
-            .jpeg_dct_scaling
-            .then_some((spec.input_width, spec.input_height)),
-    };
-    let decoded = decode_image_with(image, shared.config.decode_limits, &mut options);
-    // On an error the buffer is still in `options`; on success it is the image's.
-    let decoded = match decoded {
-        Ok(d) => d,
-        Err(e) => {
-            keep_decode_buffer(options.buffer);
-            return Err(e.into());
-        }
-    };
-    let size = (decoded.width() as usize, decoded.height() as usize);
-    let prepared = letterbox_into_pool(shared, ImageView::from(&decoded.rgb), size);
-    keep_decode_buffer(decoded.rgb.into_raw());
-    Ok(prepared)
-}
-
-/// Letterboxes `image` (a picture of `size`, possibly held at reduced scale) into a pooled
-/// canvas, with this thread's scratch.
-fn letterbox_into_pool(
-    shared: &Shared,
-    image: ImageView<'_>,
-    size: (usize, usize),
-) -> (Vec<u8>, Letterbox, u32, u32) {
-    let mut canvas = shared.buffers.pop().unwrap_or_default();
-    let spec = &shared.spec;
-    let letterbox = SCRATCH.with(|s| {
-        s.borrow_mut()
-            .fill_into_from(image, size, spec.input_width, spec.input_height, &mut canvas)
-    });
-    (canvas, letterbox, size.0 as u32, size.1 as u32)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use super::*;
 use crate::fake::{broken_jpeg, jpeg, png, DeviceJpegBackend, SlowBackend};
 use crate::DetectorConfig;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 fn start(
@@ -45,9 +46,28 @@ fn start(
 }
 
 async fn ready(engine: &Engine) {
-    while !engine.is_ready() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    engine.wait_ready().await.unwrap();
+}
+
+/// Polls the engine's own state until `holds` (at most 5 s): the signal a test waits for
+/// instead of sleeping for a guessed time.
+async fn until(what: &str, holds: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !holds() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+fn running(engine: &Engine) -> usize {
+    engine.shared.running.load(Ordering::Relaxed)
+}
+
+fn queued(engine: &Engine) -> usize {
+    engine.shared.queued.load(Ordering::Relaxed)
 }
 
 fn far() -> Instant {
@@ -96,7 +116,7 @@ async fn expired_and_abandoned_requests_are_never_computed() {
             e.detect(&p, png(1), DetectParams::default(), far()).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until("the busy request runs", || running(&engine) == 1).await;
     // Deadline inside the busy batch: answered 504-style, never computed.
     let p = engine.try_admit().unwrap();
     let soon = Instant::now() + Duration::from_millis(40);
@@ -105,13 +125,15 @@ async fn expired_and_abandoned_requests_are_never_computed() {
         .await
         .unwrap_err();
     assert_eq!(err, RequestError::DeadlineExceeded { stage: "queued" });
+    until("the expired request left the queue", || queued(&engine) == 0).await;
     // A caller that gives up (its future dropped) is removed before batching.
     let e = engine.clone();
     let abandoned = tokio::spawn(async move {
         let p = e.try_admit().unwrap();
         e.detect(&p, png(3), DetectParams::default(), far()).await
     });
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until("the abandoned request is queued", || queued(&engine) == 1).await;
+    assert_eq!(running(&engine), 1, "still behind the busy batch");
     abandoned.abort();
     busy.await.unwrap().unwrap();
     // A later request still runs, after the dropped ones were swept.
@@ -145,7 +167,11 @@ async fn admission_and_queue_capacity_refuse_at_once() {
             let p = e.try_admit().unwrap();
             e.detect(&p, png(red), DetectParams::default(), far()).await
         }));
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        match red {
+            1 => until("the first request runs", || running(&engine2) == 1).await,
+            2 => until("the second request is queued", || queued(&engine2) == 1).await,
+            _ => {}
+        }
     }
     let outcomes: Vec<_> = join_tasks(tasks).await;
     assert!(outcomes[0].is_ok() && outcomes[1].is_ok(), "{outcomes:?}");
@@ -244,7 +270,7 @@ async fn an_engine_stops_once_its_last_handle_and_request_are_gone() {
         let p = e.try_admit().unwrap();
         e.detect(&p, png(5), DetectParams::default(), far()).await
     });
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until("the request runs", || running(&engine) == 1).await;
     drop(engine);
     let answered = pending.await.unwrap().unwrap();
     assert_eq!(

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use peregrine_engine::PreparedInput;
+use peregrine_engine::Slot;
 use peregrine_types::DetectParams;
 use peregrine_vision::{decode_image, ImageView, Letterbox, LetterboxCanvas};
 use serde::Serialize;
@@ -75,7 +75,7 @@ struct Measured {
 /// Runs `inputs` on `detector` (two unmeasured runs first) for `seconds`.
 fn measure(
     detector: &mut peregrine_engine::Detector,
-    inputs: &[PreparedInput<'_>],
+    inputs: &[Slot],
     seconds: f64,
 ) -> Result<Measured> {
     for _ in 0..2 {
@@ -160,13 +160,13 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
             batch <= detectors[0].batch_size(),
             "batch {batch} is over the model's fixed batch size"
         );
-        let inputs: Vec<PreparedInput<'_>> = (0..batch)
+        let inputs: Vec<Slot> = (0..batch)
             .map(|i| {
                 let (canvas, lb) = &prepared[i % prepared.len()];
-                PreparedInput {
-                    canvas,
-                    letterbox: lb,
-                    params: &params,
+                Slot::Canvas {
+                    canvas: canvas.clone(),
+                    letterbox: *lb,
+                    params: params.clone(),
                 }
             })
             .collect();
