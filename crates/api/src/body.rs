@@ -47,7 +47,7 @@ pub async fn read_body(
     let limit = config.max_body_bytes;
     let declared = declared_length(headers);
     if declared.is_some_and(|n| n > limit) {
-        drain_body(body, headers, config).await;
+        discard_body(body, headers, config);
         return Err(ApiError::BodyTooLarge { limit });
     }
     match tokio::time::timeout(config.body_timeout, axum::body::to_bytes(body, limit)).await {
@@ -70,17 +70,18 @@ fn declared_length(headers: &HeaderMap) -> Option<usize> {
         .and_then(|v| v.parse::<usize>().ok())
 }
 
-/// Reads and discards the body of a request refused before its body was needed (at most
-/// a few times the body limit, for at most two seconds). Closing a connection with unread
-/// data makes the kernel reset it, and the client would see a broken connection instead
-/// of the refusal. Reading bytes costs no decode and no compute.
-pub async fn drain_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) {
+/// Reads and discards, in the background, the body of a request refused before its body
+/// was needed (at most a few times the body limit, for at most two seconds), while the
+/// refusal goes out at once. Closing a connection with unread data makes the kernel reset
+/// it, and the client would see a broken connection instead of the refusal. Reading bytes
+/// costs no decode and no compute.
+pub fn discard_body(body: Body, headers: &HeaderMap, config: &crate::ApiConfig) {
     let declared = declared_length(headers);
     let cap = config.max_body_bytes.saturating_mul(4).max(64 << 20);
     if declared.is_some_and(|n| n > cap) {
         return;
     }
-    let drain = async {
+    let drain = async move {
         let mut stream = body.into_data_stream();
         let mut seen = 0usize;
         while let Some(Ok(chunk)) = futures_util::StreamExt::next(&mut stream).await {
@@ -90,7 +91,9 @@ pub async fn drain_body(body: Body, headers: &HeaderMap, config: &crate::ApiConf
             }
         }
     };
-    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    });
 }
 
 #[cfg(test)]

@@ -15,12 +15,12 @@ use axum::Json;
 use base64::Engine as _;
 use bytes::Bytes;
 use peregrine_engine::{telemetry, AdmissionPermit, Engine, ImageResult};
-use peregrine_types::{DetectParams, ParamsError};
+use peregrine_types::{ClassRef, DetectParams, ParamsError, ParamsRequest};
 use tracing::Instrument;
 
-use crate::body::{deadline_after, drain_body, read_body};
+use crate::body::{deadline_after, discard_body, read_body};
 use crate::error::ApiError;
-use crate::wire::{BatchResponse, ClassRef, DetectJson, DetectQuery, ImageJson, SingleResponse};
+use crate::wire::{BatchResponse, DetectJson, DetectQuery, ImageJson, SingleResponse};
 use crate::AppState;
 
 /// An image from the request, with its multipart file name when it had one.
@@ -32,10 +32,7 @@ const MAX_IMAGES_PER_REQUEST: usize = 64;
 /// Options gathered from the query string and, for JSON bodies, the body.
 #[derive(Debug, Default)]
 struct Options {
-    conf: Option<f32>,
-    iou: Option<f32>,
-    max_det: Option<usize>,
-    classes: Option<Vec<ClassRef>>,
+    params: ParamsRequest,
     model: Option<String>,
     version: Option<u64>,
     timeout_ms: Option<u64>,
@@ -43,21 +40,13 @@ struct Options {
 
 impl Options {
     fn from_query(q: DetectQuery) -> Self {
-        let classes = q.classes.map(|c| {
-            c.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| {
-                    s.parse()
-                        .map_or_else(|_| ClassRef::Name(s.to_string()), ClassRef::Id)
-                })
-                .collect()
-        });
         Self {
-            conf: q.conf,
-            iou: q.iou,
-            max_det: q.max_det,
-            classes,
+            params: ParamsRequest {
+                conf: q.conf,
+                iou: q.iou,
+                max_det: q.max_det,
+                classes: q.classes.as_deref().map(ClassRef::parse_list),
+            },
             model: q.model,
             version: q.version,
             timeout_ms: q.timeout_ms,
@@ -65,29 +54,8 @@ impl Options {
     }
 
     fn params(&self, engine: &Engine) -> Result<DetectParams, ParamsError> {
-        let names = &engine.spec().names;
-        let classes = match &self.classes {
-            None => None,
-            Some(list) => Some(
-                list.iter()
-                    .map(|c| match c {
-                        ClassRef::Id(id) => Ok(*id),
-                        ClassRef::Name(n) => {
-                            names.id_of(n).ok_or_else(|| ParamsError::UnknownClass(n.clone()))
-                        }
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-        };
-        let defaults = &engine.config().defaults;
-        let params = DetectParams {
-            conf: self.conf.unwrap_or(defaults.conf),
-            iou: self.iou.unwrap_or(defaults.iou),
-            max_det: self.max_det.unwrap_or(defaults.max_det),
-            classes: classes.or_else(|| defaults.classes.clone()),
-        };
-        params.validate()?;
-        Ok(params)
+        self.params
+            .resolve(&engine.config().defaults, &engine.spec().names)
     }
 }
 
@@ -218,7 +186,7 @@ async fn handle(
     let (mut options, mut engine, mut permit) = match admitted {
         Ok(a) => a,
         Err(e) => {
-            drain_body(body, headers, &state.config).await;
+            discard_body(body, headers, &state.config);
             return Err(e);
         }
     };
@@ -354,10 +322,14 @@ fn json_images(body: &[u8]) -> Result<(Options, Vec<NamedImage>), ApiError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let options = Options {
-        conf: req.conf,
-        iou: req.iou,
-        max_det: req.max_det,
-        classes: req.classes,
+        params: ParamsRequest {
+            conf: req.conf,
+            iou: req.iou,
+            max_det: req.max_det,
+            classes: req
+                .classes
+                .map(|list| list.into_iter().map(ClassRef::from).collect()),
+        },
         model: req.model,
         version: req.version,
         timeout_ms: req.timeout_ms,
@@ -367,11 +339,14 @@ fn json_images(body: &[u8]) -> Result<(Options, Vec<NamedImage>), ApiError> {
 
 /// Body options win over query options.
 fn merge(query: Options, body: Options) -> Options {
+    let (q, b) = (query.params, body.params);
     Options {
-        conf: body.conf.or(query.conf),
-        iou: body.iou.or(query.iou),
-        max_det: body.max_det.or(query.max_det),
-        classes: body.classes.or(query.classes),
+        params: ParamsRequest {
+            conf: b.conf.or(q.conf),
+            iou: b.iou.or(q.iou),
+            max_det: b.max_det.or(q.max_det),
+            classes: b.classes.or(q.classes),
+        },
         model: body.model.or(query.model),
         version: body.version.or(query.version),
         timeout_ms: body.timeout_ms.or(query.timeout_ms),
@@ -388,10 +363,10 @@ mod tests {
             classes: Some("0, car,,2".into()),
             ..Default::default()
         });
-        let c = o.classes.unwrap();
-        assert!(matches!(c[0], ClassRef::Id(0)));
-        assert!(matches!(&c[1], ClassRef::Name(n) if n == "car"));
-        assert!(matches!(c[2], ClassRef::Id(2)));
+        assert_eq!(
+            o.params.classes.unwrap(),
+            [ClassRef::Id(0), ClassRef::Name("car".into()), ClassRef::Id(2)]
+        );
     }
 
     #[test]
@@ -400,7 +375,7 @@ mod tests {
             br#"{"image": "aGVsbG8=", "images": ["data:image/png;base64,d29ybGQ="], "conf": 0.5}"#,
         )
         .unwrap();
-        assert_eq!(o.conf, Some(0.5));
+        assert_eq!(o.params.conf, Some(0.5));
         assert_eq!(images[0].1.as_ref(), b"hello");
         assert_eq!(images[1].1.as_ref(), b"world");
         let err = json_images(br#"{"image": "!!!"}"#).unwrap_err();

@@ -1,7 +1,5 @@
 //! Liveness, readiness and the metrics endpoint.
 
-use std::sync::atomic::Ordering;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -15,10 +13,9 @@ pub async fn live() -> impl IntoResponse {
     (StatusCode::OK, Json(serde_json::json!({ "live": true })))
 }
 
-/// 200 once every model has warmed up every batch size it will run, and until shutdown
-/// begins; 503 otherwise, with which model is not ready.
+/// 200 while [`AppState::is_ready`]; 503 otherwise, with which model is not ready.
 pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
-    let draining = state.draining.load(Ordering::Relaxed);
+    let draining = state.drain.is_draining();
     let snapshot = state.registry.snapshot();
     let models: Vec<ModelReady> = snapshot
         .models
@@ -33,7 +30,7 @@ pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
             }
         })
         .collect();
-    let ready = !draining && snapshot.is_ready();
+    let ready = state.is_ready();
     let status = if ready {
         StatusCode::OK
     } else {

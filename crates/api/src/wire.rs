@@ -27,6 +27,15 @@ pub enum ClassRef {
     Name(String),
 }
 
+impl From<ClassRef> for peregrine_types::ClassRef {
+    fn from(c: ClassRef) -> Self {
+        match c {
+            ClassRef::Id(id) => Self::Id(id),
+            ClassRef::Name(name) => Self::Name(name),
+        }
+    }
+}
+
 /// `POST /v1/detect` with `Content-Type: application/json`. Fields override the query.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

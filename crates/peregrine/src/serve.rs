@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use peregrine_api::drain::Drain;
 use peregrine_api::{ApiConfig, AppState};
 use peregrine_engine::registry::{
     FixedModel, ModelConfigFile, ModelRegistry, ModelSettings, ModelSource, OrtLoader, RegistryConfig,
@@ -147,7 +148,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
     let streams = StreamManager::start(options, video.streams.clone())
         .await
         .context("starting the video streams")?;
-    let draining = Arc::new(AtomicBool::new(false));
+    let drain = Arc::new(Drain::default());
     let state = AppState {
         registry: registry.clone(),
         streams: streams.clone(),
@@ -159,7 +160,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
             body_timeout: Duration::from_millis(s.body_timeout_ms),
         },
         metrics,
-        draining: draining.clone(),
+        drain: drain.clone(),
     };
     let listener = bind(&s.host, s.port, "HTTP").await?;
     let local = listener.local_addr()?;
@@ -181,6 +182,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
     let failed_start = Arc::new(AtomicBool::new(false));
     {
         let (registry, stop_tx, failed) = (registry.clone(), stop_tx.clone(), failed_start.clone());
+        let drain = drain.clone();
         tokio::spawn(async move {
             let errors = registry.wait_started().await;
             if errors.is_empty() {
@@ -195,15 +197,19 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
                 "models failed to load at start-up; stopping"
             );
             failed.store(true, Ordering::Relaxed);
+            drain.start();
             let _ = stop_tx.send(true);
         });
     }
     {
-        let draining = draining.clone();
+        let drain = drain.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
-            draining.store(true, Ordering::Relaxed);
-            tracing::info!("shutdown signal received; draining in-flight requests");
+            drain.start();
+            tracing::info!(
+                in_flight = drain.in_flight(),
+                "shutdown signal received; new requests get 503 while in-flight ones finish"
+            );
             let _ = stop_tx.send(true);
         });
     }
@@ -216,20 +222,20 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
             let _ = streams.shutdown().await;
         });
     }
+    // The listeners stay open while draining, so that load balancers see the 503s and
+    // NOT_SERVING, and close once the last admitted request is answered.
     let grpc = grpc_listener.map(|l| {
-        let mut stop = stop_rx.clone();
-        let shutdown = async move {
-            let _ = stop.wait_for(|stop| *stop).await;
-        };
+        let drain = drain.clone();
+        let shutdown = async move { drain.finished().await };
         tokio::spawn(peregrine_api::grpc::serve(l, state.clone(), shutdown))
     });
-    let mut graceful = stop_rx.clone();
     // Small responses go out at once rather than waiting on a delayed ACK (Nagle).
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
     let server = axum::serve(listener, peregrine_api::router(state)).with_graceful_shutdown(async move {
-        let _ = graceful.wait_for(|stop| *stop).await;
+        drain.finished().await;
+        tracing::info!("every admitted request is answered; closing the listeners");
     });
     let both = async move {
         server.await.context("serving HTTP")?;

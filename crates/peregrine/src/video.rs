@@ -20,20 +20,11 @@ pub struct EngineFrames {
 impl EngineFrames {
     fn engine(&self) -> Result<Engine, DetectError> {
         let snapshot = self.registry.snapshot();
-        let name = match &self.model {
-            Some(m) => m.clone(),
-            None => match snapshot.models.keys().collect::<Vec<_>>().as_slice() {
-                [only] => (*only).clone(),
-                names => {
-                    return Err(DetectError::Unavailable(format!(
-                        "streams need a model (stream_model); this server has: {}",
-                        names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
-                    )))
-                }
-            },
-        };
+        let served = snapshot.models.keys().map(String::as_str);
+        let name = peregrine_types::named_or_only(self.model.as_deref(), served)
+            .map_err(|e| DetectError::Unavailable(format!("streams need a model (stream_model); {e}")))?;
         snapshot
-            .engine(&name, None)
+            .engine(name, None)
             .map_err(|e| DetectError::Unavailable(e.to_string()))
     }
 }

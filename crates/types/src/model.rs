@@ -141,6 +141,34 @@ impl ClassNames {
     }
 }
 
+/// The model a request means when it may name none: the one it names, else the only
+/// model served. With several served and none named, the caller must ask for a name.
+pub fn named_or_only<'a>(
+    named: Option<&'a str>,
+    served: impl IntoIterator<Item = &'a str>,
+) -> Result<&'a str, NoModelNamed> {
+    if let Some(name) = named {
+        return Ok(name);
+    }
+    let served: Vec<&str> = served.into_iter().collect();
+    match served.as_slice() {
+        [only] => Ok(only),
+        _ => Err(NoModelNamed {
+            served: served.into_iter().map(str::to_string).collect(),
+        }),
+    }
+}
+
+/// No model was named and there is not exactly one to fall back on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", match .served.as_slice() {
+    [] => "this server has no model".to_string(),
+    names => format!("this server has: {}", names.join(", ")),
+})]
+pub struct NoModelNamed {
+    pub served: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,5 +184,15 @@ mod tests {
         assert!(ClassNames::from_ultralytics("{0: 'person'").is_none());
         assert!(ClassNames::from_ultralytics("{}").is_none());
         assert!(ClassNames::from_ultralytics("garbage").is_none());
+    }
+
+    #[test]
+    fn the_named_model_wins_else_the_only_one() {
+        assert_eq!(named_or_only(Some("b"), ["a", "c"]), Ok("b"));
+        assert_eq!(named_or_only(None, ["a"]), Ok("a"));
+        let two = named_or_only(None, ["a", "b"]).unwrap_err();
+        assert_eq!(two.to_string(), "this server has: a, b");
+        let none = named_or_only(None, []).unwrap_err();
+        assert_eq!(none.to_string(), "this server has no model");
     }
 }

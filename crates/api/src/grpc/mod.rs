@@ -11,12 +11,11 @@ pub mod proto {
 }
 
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::Stream;
-use peregrine_engine::telemetry;
+use peregrine_engine::{telemetry, RequestError};
 use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::StreamExt as _;
@@ -80,7 +79,14 @@ impl InferenceService {
         let version = Self::version(&request.model_version)?;
         let snapshot = state.registry.snapshot();
         let outcome = async {
+            // Counted like an HTTP request, so the drain waits for it; refused once draining.
+            let Some(_in_flight) = state.drain.enter() else {
+                return Err(RequestError::ShuttingDown.into());
+            };
             let resolved = face::resolve(&snapshot, &name)?;
+            // tonic has read the message by now; admission still comes before converting
+            // its tensors, so a full server spends nothing more on a request it refuses.
+            let admitted = infer::admit(&resolved, version)?;
             let request = convert::infer_request(request)?;
             let asked = timeout
                 .or(request.params.timeout)
@@ -91,7 +97,7 @@ impl InferenceService {
                 ));
             }
             let deadline = started + asked.min(state.config.max_timeout);
-            infer::infer(&resolved, version, request, deadline).await
+            infer::infer(&resolved, &admitted, request, deadline).await
         }
         .await;
         let label = if snapshot
@@ -147,7 +153,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         _: Request<proto::ServerReadyRequest>,
     ) -> Result<Response<proto::ServerReadyResponse>, Status> {
-        let ready = !self.state.draining.load(Ordering::Relaxed) && self.state.registry.snapshot().is_ready();
+        let ready = self.state.is_ready();
         Ok(Response::new(proto::ServerReadyResponse { ready }))
     }
 
@@ -344,7 +350,7 @@ pub async fn serve(
     let watcher = tokio::spawn(async move {
         let mut last = None;
         loop {
-            let ready = !watched.draining.load(Ordering::Relaxed) && watched.registry.snapshot().is_ready();
+            let ready = watched.is_ready();
             if last != Some(ready) {
                 let status = if ready {
                     tonic_health::ServingStatus::Serving

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use peregrine_engine::{AdmissionPermit, Engine, ImageResult};
-use peregrine_types::DetectParams;
+use peregrine_types::{ClassRef, DetectParams, ParamsRequest};
 use peregrine_vision::InputForm;
 
 use super::face::{self, Face, Resolved};
@@ -62,15 +62,22 @@ pub struct InferResponse {
     pub outputs: Vec<InferOutput>,
 }
 
-/// Runs `request` on the face `resolved` names, at `version` or the newest ready one.
+/// The engine behind `resolved` at `version` (else its newest ready one), and a capacity
+/// permit on it. Taken before the request's body is read or parsed, so that a full
+/// server refuses at once and a refused request costs no reading and no parsing.
+pub fn admit(resolved: &Resolved<'_>, version: Option<u64>) -> Result<(Engine, AdmissionPermit), ApiError> {
+    let engine = resolved.model.engine(version)?.clone();
+    let permit = engine.try_admit()?;
+    Ok((engine, permit))
+}
+
+/// Runs `request` on the face `resolved` names, on the `engine` that admitted it.
 pub async fn infer(
     resolved: &Resolved<'_>,
-    version: Option<u64>,
+    (engine, permit): &(Engine, AdmissionPermit),
     request: InferRequest,
     deadline: Instant,
 ) -> Result<InferResponse, ApiError> {
-    let engine = resolved.model.engine(version)?.clone();
-    let permit = engine.try_admit()?;
     let [input] = request.inputs.as_slice() else {
         return Err(ApiError::BadRequest(format!(
             "model {:?} takes exactly one input; the request has {}",
@@ -79,8 +86,8 @@ pub async fn infer(
         )));
     };
     let outputs = match resolved.face {
-        Face::Detection => detect(&engine, &permit, input, &request.params, deadline).await?,
-        Face::Tensor => raw(&engine, &permit, input, deadline).await?,
+        Face::Detection => detect(engine, permit, input, &request.params, deadline).await?,
+        Face::Tensor => raw(engine, permit, input, deadline).await?,
     };
     let outputs = select_outputs(resolved.name, outputs, request.outputs.as_deref())?;
     Ok(InferResponse {
@@ -128,31 +135,14 @@ fn check_input(input: &InferInput, name: &str, datatype: DataType) -> Result<(),
     Ok(())
 }
 
-fn params(engine: &Engine, p: &super::infer::InferParams) -> Result<DetectParams, ApiError> {
-    let defaults = &engine.config().defaults;
-    let classes = match &p.classes {
-        None => defaults.classes.clone(),
-        Some(list) => Some(
-            list.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|c| {
-                    c.parse::<u32>()
-                        .ok()
-                        .or_else(|| engine.spec().names.id_of(c))
-                        .ok_or_else(|| peregrine_types::ParamsError::UnknownClass(c.to_string()))
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
+fn params(engine: &Engine, p: &InferParams) -> Result<DetectParams, ApiError> {
+    let request = ParamsRequest {
+        conf: p.conf,
+        iou: p.iou,
+        max_det: p.max_det,
+        classes: p.classes.as_deref().map(ClassRef::parse_list),
     };
-    let params = DetectParams {
-        conf: p.conf.unwrap_or(defaults.conf),
-        iou: p.iou.unwrap_or(defaults.iou),
-        max_det: p.max_det.unwrap_or(defaults.max_det),
-        classes,
-    };
-    params.validate()?;
-    Ok(params)
+    Ok(request.resolve(&engine.config().defaults, &engine.spec().names)?)
 }
 
 async fn detect(

@@ -16,7 +16,6 @@ pub(crate) mod infer;
 pub(crate) mod rest;
 pub(crate) mod tensor;
 
-use std::sync::atomic::Ordering;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -115,14 +114,14 @@ async fn server_metadata() -> Json<Value> {
 }
 
 async fn server_ready(State(state): State<AppState>) -> Answer {
-    if state.draining.load(Ordering::Relaxed) {
+    if state.drain.is_draining() {
         return Err(ApiError::Request(peregrine_engine::RequestError::ShuttingDown).into());
     }
-    if state.registry.snapshot().is_ready() {
+    if state.is_ready() {
         Ok(StatusCode::OK.into_response())
     } else {
         Err(ApiError::NotReady(
-            "models are still loading, or one that should serve has no ready version".into(),
+            "models are still loading, one that should serve has no ready version, or none is loaded".into(),
         )
         .into())
     }

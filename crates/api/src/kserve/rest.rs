@@ -16,10 +16,10 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::face;
-use super::infer::{infer, InferInput, InferOutput, InferParams, InferRequest, InferResponse};
+use super::infer::{admit, infer, InferInput, InferOutput, InferParams, InferRequest, InferResponse};
 use super::tensor::{element_count, join_bytes_elements, OutputData};
 use super::{parse_version, KserveError};
-use crate::body::{deadline_after, read_body};
+use crate::body::{deadline_after, discard_body, read_body};
 use crate::{ApiError, AppState};
 
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -111,11 +111,19 @@ async fn run(
     started: Instant,
 ) -> Result<Response, ApiError> {
     let snapshot = state.registry.snapshot();
-    let resolved = face::resolve(&snapshot, model)?;
+    let admitted = face::resolve(&snapshot, model)
+        .and_then(|resolved| Ok((admit(&resolved, version)?, resolved)));
+    let (admitted, resolved) = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            discard_body(body, headers, &state.config);
+            return Err(e);
+        }
+    };
     let bytes = read_body(body, headers, &state.config).await?;
     let (request, binary_outputs) = parse(headers, bytes)?;
     let deadline = started + deadline_after(headers, request.params.timeout, &state.config)?;
-    let response = infer(&resolved, version, request, deadline).await?;
+    let response = infer(&resolved, &admitted, request, deadline).await?;
     Ok(render(response, &binary_outputs))
 }
 
