@@ -32,19 +32,15 @@ class Server:
         self.proc, self.http, self.grpc, self.repo = proc, http, grpc, repo
 
 
-@pytest.fixture(scope="session")
-def server():
-    binary = os.environ.get("PEREGRINE_BIN", str(ROOT / "target" / "debug" / "peregrine"))
-    repo = pathlib.Path(tempfile.mkdtemp(prefix="peregrine-triton-"))
-    # yolo11n at 640 (the reference's size), and a small model loaded only on request.
-    _link_or_copy(MODEL, repo / "yolo11n" / "1" / "model.onnx")
-    (repo / "yolo11n" / "config.toml").write_text("max_batch = 4\nmax_queue_delay_us = 2000\n")
-    _link_or_copy(MODEL, repo / "spare" / "1" / "model.onnx")
-    (repo / "spare" / "config.toml").write_text("imgsz = [320, 320]\nmax_batch = 1\n")
+BINARY = os.environ.get("PEREGRINE_BIN", str(ROOT / "target" / "debug" / "peregrine"))
+
+
+def launch(args):
+    """Starts `peregrine serve` with `args` on free ports; returns the process and its HTTP
+    and gRPC addresses once it listens (not once it is ready)."""
     proc = subprocess.Popen(
-        [binary, "serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
-         "--threads", "1", "--model-repository", str(repo), "--load-model", "yolo11n",
-         "--log-format", "text"],
+        [BINARY, "serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
+         "--threads", "1", "--log-format", "text", *args],
         stderr=subprocess.PIPE, text=True)
     addresses = {}
     found = threading.Event()
@@ -63,13 +59,25 @@ def server():
 
     threading.Thread(target=read_stderr, daemon=True).start()
     assert found.wait(60), "the server did not report its addresses"
-    client = httpclient.InferenceServerClient(addresses["http"])
+    return proc, addresses["http"], addresses["grpc"]
+
+
+@pytest.fixture(scope="session")
+def server():
+    repo = pathlib.Path(tempfile.mkdtemp(prefix="peregrine-triton-"))
+    # yolo11n at 640 (the reference's size), and a small model loaded only on request.
+    _link_or_copy(MODEL, repo / "yolo11n" / "1" / "model.onnx")
+    (repo / "yolo11n" / "config.toml").write_text("max_batch = 4\nmax_queue_delay_us = 2000\n")
+    _link_or_copy(MODEL, repo / "spare" / "1" / "model.onnx")
+    (repo / "spare" / "config.toml").write_text("imgsz = [320, 320]\nmax_batch = 1\n")
+    proc, http, grpc = launch(["--model-repository", str(repo), "--load-model", "yolo11n"])
+    client = httpclient.InferenceServerClient(http)
     deadline = time.time() + 180
     while not client.is_server_ready():
         assert proc.poll() is None, "the server exited"
         assert time.time() < deadline, "the server did not become ready"
         time.sleep(0.1)
-    yield Server(proc, addresses["http"], addresses["grpc"], repo)
+    yield Server(proc, http, grpc, repo)
     proc.terminate()
     proc.wait(30)
     shutil.rmtree(repo, ignore_errors=True)

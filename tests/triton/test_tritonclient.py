@@ -165,6 +165,23 @@ def test_json_outputs_and_parameters(server):
     assert one.as_numpy("NUM_DETECTIONS")[0][0] == 1
 
 
+def test_class_filter_by_name_over_grpc(server):
+    c = grpcclient.InferenceServerClient(server.grpc)
+    image = [image_input(grpcclient, [(SHARED / "images" / "bus.jpg").read_bytes()])]
+    everything = detections(c.infer("yolo11n", image), 0)
+    people = [d for d in everything if d["label"] == "person"]
+    assert 3 <= len(people) < len(everything), everything
+    filtered = detections(c.infer("yolo11n", image, parameters={"classes": "person"}), 0)
+    assert [d["label"] for d in filtered] == ["person"] * len(people)
+    assert matched(filtered, people) == len(people)
+    both = detections(c.infer("yolo11n", image, parameters={"classes": "person,bus"}), 0)
+    assert sorted(d["label"] for d in both) == sorted(
+        d["label"] for d in everything if d["label"] in ("person", "bus"))
+    assert "bus" in {d["label"] for d in both}
+    with pytest.raises(InferenceServerException, match='unknown class "unicorn"'):
+        c.infer("yolo11n", image, parameters={"classes": "unicorn"})
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_bad_requests_are_refused_with_a_reason(server, protocol):
     module, c = client_for(server, protocol)
@@ -185,16 +202,33 @@ def test_bad_requests_are_refused_with_a_reason(server, protocol):
                 parameters={"conf": 7})
 
 
+def model_stats(module, c, protocol):
+    stats = c.get_inference_statistics("yolo11n", as_json=True) if protocol == "grpc" else c.get_inference_statistics("yolo11n")
+    return stats["model_stats"][0]
+
+
+STAT_KEYS = ["success", "queue", "compute_input", "compute_infer", "compute_output"]
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_statistics_count_what_ran(server, protocol):
     module, c = client_for(server, protocol)
+    before = model_stats(module, c, protocol)
     c.infer("yolo11n", [image_input(module, [(SHARED / "images" / "zidane.jpg").read_bytes()])])
-    stats = c.get_inference_statistics("yolo11n", as_json=True) if protocol == "grpc" else c.get_inference_statistics("yolo11n")
-    s = stats["model_stats"][0]
+    s = model_stats(module, c, protocol)
     assert s["name"] == "yolo11n" and s["version"] == "1"
-    assert int(s["inference_count"]) >= 1 and int(s["execution_count"]) >= 1
-    for key in ["success", "queue", "compute_input", "compute_infer", "compute_output"]:
-        assert int(s["inference_stats"][key]["count"]) >= 1, key
+    # The suite runs one test at a time, so this request alone moves the counters: one
+    # image in one model run, each stage counted once. (gRPC's JSON leaves out zeros.)
+    def delta(*path):
+        def get(stats):
+            for key in path:
+                stats = stats.get(key, {})
+            return int(stats or 0)
+        return get(s) - get(before)
+    assert delta("inference_count") == 1
+    assert delta("execution_count") == 1
+    for key in STAT_KEYS:
+        assert delta("inference_stats", key, "count") == 1, key
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -237,9 +271,15 @@ def test_grpc_streaming_answers_every_request(server):
 
 def test_async_http_requests_are_batched(server):
     c = httpclient.InferenceServerClient(server.http, concurrency=4)
+    runs = lambda: {int(b["batch_size"]): int(b["compute_infer"]["count"])
+                    for b in c.get_inference_statistics("yolo11n")["model_stats"][0]["batch_stats"]}
+    before = runs()
     image = (SHARED / "images" / "bus.jpg").read_bytes()
     pending = [c.async_infer("yolo11n", [image_input(httpclient, [image])]) for _ in range(8)]
     counts = [p.get_result().as_numpy("NUM_DETECTIONS")[0][0] for p in pending]
     assert counts == [5] * 8
-    stats = c.get_inference_statistics("yolo11n")["model_stats"][0]
-    assert any(b["batch_size"] > 1 for b in stats["batch_stats"]), stats["batch_stats"]
+    after = runs()
+    # Model runs of each batch size made by these eight requests alone.
+    new = {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
+    assert sum(size * n for size, n in new.items()) == 8, new
+    assert any(size > 1 for size in new), f"these requests never batched: {new}"

@@ -4,7 +4,8 @@
 //! two from drifting apart.
 //!
 //! To regenerate after changing the `.proto` or bumping prost:
-//! `PEREGRINE_ONNX_REGENERATE=1 cargo test -p peregrine-onnx --test proto_codegen`.
+//! `PEREGRINE_ONNX_REGENERATE=1 cargo test -p peregrine-onnx --test proto_codegen` rewrites the
+//! file and fails if that changed it; review the diff, commit it and run the test again.
 
 use std::path::Path;
 
@@ -23,13 +24,17 @@ fn checked_in_code_is_what_prost_build_generates() {
     let _ = std::fs::remove_dir_all(&out);
 
     let checked_in_path = root.join("src/proto/onnx.rs");
-    if std::env::var_os("PEREGRINE_ONNX_REGENERATE").is_some() {
-        std::fs::write(&checked_in_path, &generated).expect("write src/proto/onnx.rs");
+    let checked_in = std::fs::read_to_string(&checked_in_path).unwrap_or_default();
+    if checked_in == generated {
         return;
     }
-    let checked_in = std::fs::read_to_string(&checked_in_path).unwrap_or_default();
-    assert!(
-        checked_in == generated,
+    // Regenerating still fails when the content changed, so a run with the variable left
+    // set (in CI, say) cannot pass over a drift: the next run, on the rewritten file, passes.
+    if std::env::var_os("PEREGRINE_ONNX_REGENERATE").is_some() {
+        std::fs::write(&checked_in_path, &generated).expect("write src/proto/onnx.rs");
+        panic!("src/proto/onnx.rs was stale and has been rewritten: review and commit it, then run again");
+    }
+    panic!(
         "src/proto/onnx.rs is stale: regenerate it with \
          PEREGRINE_ONNX_REGENERATE=1 cargo test -p peregrine-onnx --test proto_codegen"
     );

@@ -98,6 +98,9 @@ pub struct BenchReport {
     pub requests: u64,
     pub successes: u64,
     pub throughput_rps: f64,
+    /// Open loop: the rate requests actually went out at, from the first to the last
+    /// (below `rate` if the generator fell behind its schedule or skipped sends).
+    pub offered_rps: Option<f64>,
     /// Latency of successful requests.
     pub latency_ms: LatencyMs,
     pub server_ms: ServerTimesMs,
@@ -292,64 +295,19 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let start = Instant::now();
-    let stop_at = start + Duration::from_secs_f64(args.duration);
-    let limit = args.requests.unwrap_or(u64::MAX);
     let progress = tokio::spawn(show_progress(collector.clone(), start));
-
-    if let Some(rate) = args.rate {
-        let outstanding = Arc::new(AtomicUsize::new(0));
-        let period = Duration::from_secs_f64(1.0 / rate);
-        let mut tasks = Vec::new();
-        let mut k: u64 = 0;
-        while k < limit {
-            let scheduled = start + period.mul_f64(k as f64);
-            if scheduled >= stop_at {
-                break;
-            }
-            tokio::time::sleep_until(tokio::time::Instant::from_std(scheduled)).await;
-            k += 1;
-            collector.sent.fetch_add(1, Ordering::Relaxed);
-            if outstanding.load(Ordering::Relaxed) >= args.max_outstanding {
-                collector.record(Err("generator_overflow".into()));
-                continue;
-            }
-            outstanding.fetch_add(1, Ordering::Relaxed);
-            let (target, collector, outstanding) = (target.clone(), collector.clone(), outstanding.clone());
-            tasks.push(tokio::spawn(async move {
-                let outcome = target.send().await.map(|t| (scheduled.elapsed(), t));
-                collector.record(outcome);
-                outstanding.fetch_sub(1, Ordering::Relaxed);
-            }));
+    let schedule = Schedule {
+        start,
+        stop_at: start + Duration::from_secs_f64(args.duration),
+        limit: args.requests.unwrap_or(u64::MAX),
+    };
+    let offered_rps = match args.rate {
+        Some(rate) => open_loop(rate, args.max_outstanding, &schedule, &target, &collector).await,
+        None => {
+            closed_loop(args.concurrency, &schedule, &target, &collector).await;
+            None
         }
-        for t in tasks {
-            let _ = t.await;
-        }
-    } else {
-        let sent = Arc::new(AtomicU64::new(0));
-        let workers: Vec<_> = (0..args.concurrency)
-            .map(|_| {
-                let (target, collector, sent) = (target.clone(), collector.clone(), sent.clone());
-                tokio::spawn(async move {
-                    while Instant::now() < stop_at && sent.fetch_add(1, Ordering::Relaxed) < limit {
-                        collector.sent.fetch_add(1, Ordering::Relaxed);
-                        let t0 = Instant::now();
-                        let outcome = target.send().await.map(|t| (t0.elapsed(), t));
-                        // A refused client waits a little before its next try, as a real
-                        // one honouring Retry-After would, instead of turning refusals
-                        // into a busy loop that starves the server it measures.
-                        let refused = matches!(&outcome, Err(k) if k == "http_429" || k == "http_503");
-                        collector.record(outcome);
-                        if refused {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            let _ = w.await;
-        }
-    }
+    };
     progress.abort();
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         eprintln!();
@@ -382,6 +340,7 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
         requests: successes + collector.failed.load(Ordering::Relaxed),
         successes,
         throughput_rps: successes as f64 / elapsed,
+        offered_rps,
         latency_ms: LatencyMs {
             p50: ms(h.value_at_quantile(0.50)),
             p90: ms(h.value_at_quantile(0.90)),
@@ -392,6 +351,93 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
         server_ms,
         errors,
     })
+}
+
+/// When a run starts and ends: at `stop_at` or after `limit` requests, whichever is first.
+struct Schedule {
+    start: Instant,
+    stop_at: Instant,
+    limit: u64,
+}
+
+/// Sends `rate` requests a second whatever the answers; returns the rate they actually
+/// went out at.
+async fn open_loop(
+    rate: f64,
+    max_outstanding: usize,
+    schedule: &Schedule,
+    target: &Arc<Target>,
+    collector: &Arc<Collector>,
+) -> Option<f64> {
+    let outstanding = Arc::new(AtomicUsize::new(0));
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let mut tasks = Vec::new();
+    let mut k: u64 = 0;
+    // The first and the latest send, and how many went out.
+    let mut dispatched: Option<(Instant, Instant, u64)> = None;
+    while k < schedule.limit {
+        let scheduled = schedule.start + period.mul_f64(k as f64);
+        if scheduled >= schedule.stop_at {
+            break;
+        }
+        tokio::time::sleep_until(tokio::time::Instant::from_std(scheduled)).await;
+        k += 1;
+        collector.sent.fetch_add(1, Ordering::Relaxed);
+        if outstanding.load(Ordering::Relaxed) >= max_outstanding {
+            collector.record(Err("generator_overflow".into()));
+            continue;
+        }
+        outstanding.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let (first, _, n) = dispatched.unwrap_or((now, now, 0));
+        dispatched = Some((first, now, n + 1));
+        let (target, collector, outstanding) = (target.clone(), collector.clone(), outstanding.clone());
+        tasks.push(tokio::spawn(async move {
+            let outcome = target.send().await.map(|t| (scheduled.elapsed(), t));
+            collector.record(outcome);
+            outstanding.fetch_sub(1, Ordering::Relaxed);
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    dispatched
+        .filter(|&(_, _, n)| n > 1)
+        .map(|(first, last, n)| (n - 1) as f64 / (last - first).as_secs_f64().max(1e-9))
+}
+
+/// `concurrency` clients, each sending its next request when the last is answered.
+async fn closed_loop(
+    concurrency: usize,
+    schedule: &Schedule,
+    target: &Arc<Target>,
+    collector: &Arc<Collector>,
+) {
+    let sent = Arc::new(AtomicU64::new(0));
+    let (stop_at, limit) = (schedule.stop_at, schedule.limit);
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (target, collector, sent) = (target.clone(), collector.clone(), sent.clone());
+            tokio::spawn(async move {
+                while Instant::now() < stop_at && sent.fetch_add(1, Ordering::Relaxed) < limit {
+                    collector.sent.fetch_add(1, Ordering::Relaxed);
+                    let t0 = Instant::now();
+                    let outcome = target.send().await.map(|t| (t0.elapsed(), t));
+                    // A refused client waits a little before its next try, as a real
+                    // one honouring Retry-After would, instead of turning refusals
+                    // into a busy loop that starves the server it measures.
+                    let refused = matches!(&outcome, Err(k) if k == "http_429" || k == "http_503");
+                    collector.record(outcome);
+                    if refused {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.await;
+    }
 }
 
 async fn show_progress(c: Arc<Collector>, start: Instant) {
@@ -423,6 +469,9 @@ fn print_report(r: &BenchReport) {
         "requests {}  ok {}  throughput {:.2} req/s",
         r.requests, r.successes, r.throughput_rps
     );
+    if let Some(offered) = r.offered_rps {
+        println!("sent at {offered:.2} req/s");
+    }
     let l = &r.latency_ms;
     println!(
         "latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",

@@ -2,40 +2,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{peregrine, shared_dir};
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("peregrine-cli-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-
-    fn file(&self, name: &str, bytes: &[u8]) -> String {
-        let p = self.0.join(name);
-        std::fs::write(&p, bytes).unwrap();
-        p.display().to_string()
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn image(name: &str) -> String {
-    shared_dir().join("images").join(name).display().to_string()
-}
+use common::{image, peregrine, TempDir};
 
 fn args(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
@@ -192,10 +161,11 @@ fn class_filter_conf_and_max_det_apply() {
     assert_eq!(dets(&by_id[0])[0]["class_name"], "bus");
 
     let strict = common::detect_json(&args(&["detect", "--conf", "0.8", &bus]));
-    assert!(dets(&strict[0])
-        .iter()
-        .all(|d| d["score"].as_f64().unwrap() > 0.8));
-    assert!(dets(&strict[0]).len() < dets(&all[0]).len());
+    let confident = dets(&strict[0]);
+    // The bus (0.94) and three people (0.90, 0.85, 0.83); the fourth person scores 0.40.
+    assert_eq!(confident.len(), 4, "{confident:?}");
+    assert!(confident.iter().all(|d| d["score"].as_f64().unwrap() > 0.8));
+    assert!(confident.len() < dets(&all[0]).len());
 
     let two = common::detect_json(&args(&["detect", "--max-det", "2", &bus]));
     assert_eq!(dets(&two[0]).len(), 2);
@@ -210,8 +180,9 @@ fn batching_gives_the_same_results_as_one_by_one() {
     let mut b = args(&["detect", "--batch", "3"]);
     b.extend(imgs.iter().cloned());
     let batched = common::detect_json(&b);
-    assert_eq!(single.len(), 3);
+    assert_eq!((single.len(), batched.len()), (3, 3));
     for (s, b) in single.iter().zip(&batched) {
+        assert_eq!(s["image"], b["image"], "the same order");
         let (s, b) = (
             common::Det::list(&s["detections"]),
             common::Det::list(&b["detections"]),

@@ -24,7 +24,16 @@ fn occupy(client: &reqwest::Client, url: &str, n: usize) -> Vec<tokio::task::Joi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_detections_match_the_reference() {
-    let server = Server::start(&["--max-batch", "4"]);
+    // One instance that waits up to 50 ms for a batch to fill, so images sent together
+    // are run together.
+    let server = Server::start(&[
+        "--max-batch",
+        "4",
+        "--instances",
+        "1",
+        "--max-queue-delay-us",
+        "50000",
+    ]);
     server.wait_ready().await;
     let client = reqwest::Client::new();
     let refs = reference("yolo11n");
@@ -42,10 +51,18 @@ async fn rest_detections_match_the_reference() {
     });
     let answers = futures_util::future::join_all(futures).await;
     let (mut total, mut ours, mut matched) = (0, 0, 0);
+    let batch_sizes: Vec<u64> = answers
+        .iter()
+        .map(|a| a["timings"]["batch_size"].as_u64().unwrap())
+        .collect();
+    assert!(
+        batch_sizes.iter().all(|&b| (1..=4).contains(&b)) && batch_sizes.iter().any(|&b| b > 1),
+        "images sent together are batched, up to --max-batch: {batch_sizes:?}"
+    );
+    assert_eq!(answers.len(), refs.len());
     for ((name, ref_dets), answer) in refs.iter().zip(&answers) {
         assert_eq!(answer["model"], "yolo11n", "{name}: {answer}");
         assert_eq!(answer["version"], "1");
-        assert!(answer["timings"]["batch_size"].as_u64().unwrap() >= 1);
         let dets = Det::list(&answer["detections"]);
         total += ref_dets.len();
         ours += dets.len();
@@ -88,12 +105,16 @@ async fn every_body_form_works_and_errors_are_json() {
     assert!(r.headers().contains_key("x-inference-time-ms"));
     let v: Value = r.json().await.unwrap();
     let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{v}");
     assert_eq!(results[0]["image"], "zidane.jpg");
-    assert!(results[0]["detections"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|d| d["class_name"] == "person"));
+    assert_eq!(results[1]["image"], "giraffe.jpg");
+    let people = results[0]["detections"].as_array().unwrap();
+    assert_eq!(
+        people.len(),
+        2,
+        "the two people in zidane.jpg, and not the tie: {v}"
+    );
+    assert!(people.iter().all(|d| d["class_name"] == "person"));
     assert_eq!(
         results[1]["detections"].as_array().unwrap().len(),
         0,
@@ -115,11 +136,11 @@ async fn every_body_form_works_and_errors_are_json() {
         (v["width"].as_u64(), v["height"].as_u64()),
         (Some(1280), Some(720))
     );
-    assert!(v["detections"]
-        .as_array()
-        .unwrap()
+    let confident = v["detections"].as_array().unwrap();
+    assert_eq!(confident.len(), 1, "only the 0.86 person, not the 0.79 one: {v}");
+    assert!(confident
         .iter()
-        .all(|d| d["score"].as_f64().unwrap() > 0.8));
+        .all(|d| d["score"].as_f64().unwrap() > 0.8 && d["class_name"] == "person"));
 
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
         (
@@ -263,9 +284,13 @@ async fn an_expired_deadline_gets_504_and_no_inference() {
     server.wait_ready().await;
     let client = reqwest::Client::new();
     let url = server.url("/v1/detect");
-    // Keep the only instance busy with four images queued ahead.
+    // Keep the only instance busy with four images queued ahead: one running, three waiting.
     let busy = occupy(&client, &url, 4);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    server
+        .wait_for_metrics("the four are queued", &[("peregrine_queue_depth", "")], |v| {
+            v[0] >= 3.0
+        })
+        .await;
     // Long enough to be decoded and queued, far too short for four model runs ahead.
     let r = post_image(
         &client,
@@ -280,9 +305,20 @@ async fn an_expired_deadline_gets_504_and_no_inference() {
     for b in busy {
         assert_eq!(b.await.unwrap(), 200);
     }
-    // Let the queue sweep the dropped request, then count: only the four were computed.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(server.metric("peregrine_inferred_images_total", "").await, 4.0);
+    // Once the queue has swept the request (if it expired there rather than before it was
+    // queued), count: only the four were computed.
+    let settled = server
+        .wait_for_metrics(
+            "the expired request is settled",
+            &[
+                ("peregrine_inferred_images_total", ""),
+                ("peregrine_queue_dropped_total", "reason=\"expired\""),
+                ("peregrine_deadline_exceeded_total", "stage=\"queued\""),
+            ],
+            |v| v[0] + v[1] >= 4.0 + v[2],
+        )
+        .await;
+    assert_eq!(settled[0], 4.0, "inferred images");
     assert_eq!(
         server
             .metric("peregrine_requests_total", "outcome=\"deadline\"")
@@ -323,7 +359,13 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
             tokio::spawn(async move { post_image(&client, &url, bytes, &[]).await.status().as_u16() })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    server
+        .wait_for_metrics(
+            "three requests in flight",
+            &[("peregrine_in_flight_requests", "")],
+            |v| v[0] >= 3.0,
+        )
+        .await;
     server.terminate();
     for r in in_flight {
         assert_eq!(r.await.unwrap(), 200, "in-flight requests finish");
@@ -386,7 +428,17 @@ async fn a_client_that_disconnects_is_dropped_before_its_batch() {
     for b in busy {
         assert_eq!(b.await.unwrap(), 200);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The seventh request is either computed or dropped; wait for the one or the other.
+    server
+        .wait_for_metrics(
+            "the abandoned request is settled",
+            &[
+                ("peregrine_inferred_images_total", ""),
+                ("peregrine_queue_dropped_total", "reason=\"abandoned\""),
+            ],
+            |v| v[0] + v[1] >= 7.0,
+        )
+        .await;
     assert_eq!(
         server.metric("peregrine_inferred_images_total", "").await,
         6.0,

@@ -120,13 +120,32 @@ mod tests {
     }
 
     #[test]
-    fn boxes_outside_the_image_do_not_panic() {
-        let mut img = RgbImage::new(10, 10);
+    fn boxes_outside_the_image_are_clipped_to_it() {
+        let black = Rgb([0, 0, 0]);
+        let mut img = RgbImage::from_pixel(10, 10, black);
         let det = Detection {
             class_id: 99,
             score: 1.0,
             bbox: BBox::new(-50.0, -50.0, 500.0, 500.0),
         };
         draw_detections(&mut img, &[det], &ClassNames::default());
+        // Its edges and its label (above the box, or at its top edge) all lie outside.
+        assert!(
+            img.pixels().all(|&p| p == black),
+            "nothing drawn inside the image"
+        );
+
+        // A box partly outside keeps its visible edges.
+        let mut img = RgbImage::from_pixel(100, 100, black);
+        let det = Detection {
+            class_id: 0,
+            score: 0.5,
+            bbox: BBox::new(50.0, 50.0, 300.0, 300.0),
+        };
+        draw_detections(&mut img, &[det], &ClassNames::default());
+        assert_eq!(*img.get_pixel(50, 80), color(0), "left edge inside the image");
+        assert_eq!(*img.get_pixel(80, 50), color(0), "top edge inside the image");
+        assert_eq!(*img.get_pixel(99, 80), black, "right edge lies beyond the image");
+        assert_eq!(*img.get_pixel(80, 99), black, "bottom edge lies beyond the image");
     }
 }

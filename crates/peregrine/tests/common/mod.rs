@@ -3,7 +3,7 @@
 
 pub mod server;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -19,6 +19,39 @@ pub fn shared_dir() -> PathBuf {
         dir.display()
     );
     dir
+}
+
+/// The path of one of the shared test images.
+pub fn image(name: &str) -> String {
+    shared_dir().join("images").join(name).display().to_string()
+}
+
+/// A directory of its own for one test, removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("peregrine-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+
+    pub fn file(&self, name: &str, bytes: &[u8]) -> String {
+        let p = self.0.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p.display().to_string()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 pub fn peregrine(args: &[String]) -> Output {
