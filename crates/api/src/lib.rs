@@ -183,7 +183,9 @@ mod tests {
                 .into_iter()
                 .filter(|m| {
                     call.match_indices(&format!("{m}(")).any(|(i, _)| {
-                        i > 0 && !call.as_bytes()[i - 1].is_ascii_alphanumeric() && call.as_bytes()[i - 1] != b'_'
+                        i > 0
+                            && !call.as_bytes()[i - 1].is_ascii_alphanumeric()
+                            && call.as_bytes()[i - 1] != b'_'
                     })
                 })
                 .collect();
@@ -213,13 +215,27 @@ mod tests {
         // be seen here, so `router` is checked to merge only `kserve::routes`.
         let router_source = include_str!("lib.rs");
         let router_source = &router_source[..router_source.find("#[cfg(test)]").unwrap()];
-        assert_eq!(router_source.matches(".merge(").count(), 1, "router merges only kserve::routes");
+        assert_eq!(
+            router_source.matches(".merge(").count(),
+            1,
+            "router merges only kserve::routes"
+        );
         let mut served = routes_in(router_source);
         served.extend(routes_in(include_str!("kserve/mod.rs")));
-        assert!(served.len() >= 28, "the route scan found only {}: {served:?}", served.len());
+        assert!(
+            served.len() >= 28,
+            "the route scan found only {}: {served:?}",
+            served.len()
+        );
         let undocumented: Vec<_> = served.difference(&documented).collect();
         let unserved: Vec<_> = documented.difference(&served).collect();
-        assert!(undocumented.is_empty(), "served but not in openapi.json: {undocumented:?}");
-        assert!(unserved.is_empty(), "in openapi.json but not served: {unserved:?}");
+        assert!(
+            undocumented.is_empty(),
+            "served but not in openapi.json: {undocumented:?}"
+        );
+        assert!(
+            unserved.is_empty(),
+            "in openapi.json but not served: {unserved:?}"
+        );
     }
 }

@@ -542,7 +542,9 @@ impl RawRequest {
     }
 
     async fn send(&mut self, rest: &[u8]) {
-        tokio::io::AsyncWriteExt::write_all(&mut self.0, rest).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut self.0, rest)
+            .await
+            .unwrap();
     }
 
     /// The status and the lower-cased head of the response, read within 20 s (a body
@@ -553,7 +555,11 @@ impl RawRequest {
         let mut byte = [0u8; 1];
         let read = async {
             while !head.ends_with(b"\r\n\r\n") {
-                assert_eq!(self.0.read(&mut byte).await.unwrap(), 1, "connection closed mid-head");
+                assert_eq!(
+                    self.0.read(&mut byte).await.unwrap(),
+                    1,
+                    "connection closed mid-head"
+                );
                 head.push(byte[0]);
             }
         };
@@ -580,7 +586,10 @@ impl RawRequest {
 async fn wait_for_metric(server: &Server, name: &str, at_least: f64) {
     let start = std::time::Instant::now();
     while server.metric(name, "").await < at_least {
-        assert!(start.elapsed() < Duration::from_secs(60), "{name} never reached {at_least}");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{name} never reached {at_least}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -598,8 +607,16 @@ async fn a_full_server_refuses_before_reading_the_body(server: &Server) {
     let kserve_head = br#"{"inputs":[{"name":"IMAGE","datatype":"BYTES","shape":[1,1],"parameters":{"binary_data_size":999000}}]}"#;
     let routes: [(&str, &str, &[u8]); 3] = [
         ("/v1/detect", "image/jpeg", &[0xff, 0xd8, 0xff]),
-        ("/v2/models/yolo11n/infer", "application/octet-stream", kserve_head),
-        ("/v2/models/yolo11n/versions/1/infer", "application/octet-stream", kserve_head),
+        (
+            "/v2/models/yolo11n/infer",
+            "application/octet-stream",
+            kserve_head,
+        ),
+        (
+            "/v2/models/yolo11n/versions/1/infer",
+            "application/octet-stream",
+            kserve_head,
+        ),
     ];
     for (path, content_type, part) in routes {
         // A megabyte announced, a few bytes sent, the rest never: only a server that does
@@ -610,7 +627,11 @@ async fn a_full_server_refuses_before_reading_the_body(server: &Server) {
         assert!(head.contains("retry-after: 1"), "{path}: {head}");
     }
     held.send(&rest).await;
-    assert_eq!(held.response_head().await.0, 200, "the admitted request is answered");
+    assert_eq!(
+        held.response_head().await.0,
+        200,
+        "the admitted request is answered"
+    );
 }
 
 async fn unloading_the_last_model_makes_the_server_unready(server: &Server) {
@@ -651,7 +672,10 @@ async fn sigterm_answers_503_with_connection_close_until_in_flight_work_is_done(
         if r.status() == 503 {
             break r;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "readiness never turned 503");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "readiness never turned 503"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(ready.headers()["connection"], "close");

@@ -96,9 +96,7 @@ impl ClassRef {
     pub fn resolve(&self, names: &ClassNames) -> Result<u32, ParamsError> {
         match self {
             Self::Id(id) => Ok(*id),
-            Self::Name(n) => names
-                .id_of(n)
-                .ok_or_else(|| ParamsError::UnknownClass(n.clone())),
+            Self::Name(n) => names.id_of(n).ok_or_else(|| ParamsError::UnknownClass(n.clone())),
         }
     }
 }
@@ -210,7 +208,10 @@ mod tests {
             ..Default::default()
         };
         let names = coco_like();
-        assert_eq!(ParamsRequest::default().resolve(&defaults, &names).unwrap(), defaults);
+        assert_eq!(
+            ParamsRequest::default().resolve(&defaults, &names).unwrap(),
+            defaults
+        );
         let asked = ParamsRequest {
             iou: Some(0.5),
             max_det: Some(7),

@@ -16,7 +16,6 @@ pub(crate) mod infer;
 pub(crate) mod rest;
 pub(crate) mod tensor;
 
-
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};

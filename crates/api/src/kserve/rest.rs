@@ -111,8 +111,8 @@ async fn run(
     started: Instant,
 ) -> Result<Response, ApiError> {
     let snapshot = state.registry.snapshot();
-    let admitted = face::resolve(&snapshot, model)
-        .and_then(|resolved| Ok((admit(&resolved, version)?, resolved)));
+    let admitted =
+        face::resolve(&snapshot, model).and_then(|resolved| Ok((admit(&resolved, version)?, resolved)));
     let (admitted, resolved) = match admitted {
         Ok(a) => a,
         Err(e) => {
