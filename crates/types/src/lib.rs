@@ -2,13 +2,16 @@
 //!
 //! Nothing here does I/O, spawns threads or knows a wire format: these are the nouns the
 //! rest of the system talks in. [`geometry`] holds boxes and detections, [`model`] the facts
-//! a loaded model exposes (tensor shapes, metadata, class names), and [`params`] the knobs a
-//! caller turns per request (thresholds, class filter).
+//! a loaded model exposes (tensor shapes, metadata, class names), [`params`] the knobs a
+//! caller turns per request (thresholds, class filter), and [`clock`] the wall clock as an
+//! injectable value (a trait, the system's clock and a manual one for tests).
 
+pub mod clock;
 pub mod geometry;
 pub mod model;
 pub mod params;
 
+pub use clock::{ManualWallClock, SystemWallClock, WallClock};
 pub use geometry::{BBox, Detection};
 pub use model::{ClassNames, Dim, ModelDescription, TensorDescription};
 pub use params::{DetectParams, ParamsError};
