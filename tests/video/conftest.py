@@ -63,12 +63,23 @@ def peers():
     broker = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(p.mqtt_port, "mosquitto")
-    # A subscriber that records every message from the start.
+    # A subscriber that records every message from the start. With -d it also reports its
+    # SUBACK, which is waited for: from then on nothing the server publishes is missed.
     p.mqtt_lines = []
-    sub = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(p.mqtt_port), "-t", "peregrine/#", "-v"],
-                           stdout=subprocess.PIPE, text=True)
-    threading.Thread(target=lambda: [p.mqtt_lines.append(l.rstrip("\n")) for l in sub.stdout], daemon=True).start()
-    time.sleep(0.3)
+    subscribed = threading.Event()
+    sub = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(p.mqtt_port), "-t", "peregrine/#", "-v",
+                            "-d"], stdout=subprocess.PIPE, text=True)
+
+    def read_sub():
+        for line in sub.stdout:
+            line = line.rstrip("\n")
+            if line.startswith("peregrine/"):
+                p.mqtt_lines.append(line)
+            elif "received SUBACK" in line:
+                subscribed.set()
+
+    threading.Thread(target=read_sub, daemon=True).start()
+    assert subscribed.wait(20), "mosquitto_sub did not subscribe"
     # The server, with one stream from its config file.
     config = tmp / "serve.toml"
     config.write_text(f"""

@@ -4,6 +4,7 @@ a WebSocket and MQTT through a real broker; streams added and removed at run tim
 
 import asyncio
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -73,6 +74,33 @@ def test_streams_are_added_listed_and_removed_at_run_time(peers):
     assert call("DELETE", f"{peers.base}/v1/streams/cam2")[0] == 204
     assert call("GET", f"{peers.base}/v1/streams/cam2")[0] == 404
     assert call("DELETE", f"{peers.base}/v1/streams/cam2")[0] == 404
+
+
+def test_a_stream_backing_off_is_removed_at_once(peers):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nothing = s.getsockname()[1]
+    # Refused, then a backoff far longer than the test: removing must not sit it out.
+    never = 600_000
+    status, body = call("POST", f"{peers.base}/v1/streams", {
+        "name": "refused", "url": f"rtsp://127.0.0.1:{nothing}/cam",
+        "backoff": {"first_retry_ms": never, "initial_ms": never, "max_ms": never}})
+    assert status == 201, body
+    deadline = time.time() + 30
+    while True:
+        status, report = call("GET", f"{peers.base}/v1/streams/refused")
+        assert status == 200, report
+        if report["status"]["state"] == "backing_off":
+            break
+        assert time.time() < deadline, report
+        time.sleep(0.05)
+    assert "127.0.0.1" in report["status"]["last_error"], report
+    started = time.time()
+    assert call("DELETE", f"{peers.base}/v1/streams/refused")[0] == 204
+    assert time.time() - started < 15, "a sanity bound: the backoff was 600 s"
+    assert call("GET", f"{peers.base}/v1/streams/refused")[0] == 404
+    status, listed = call("GET", f"{peers.base}/v1/streams")
+    assert "refused" not in {s["name"] for s in listed["streams"]}, listed
 
 
 def test_detections_arrive_over_a_websocket(peers):

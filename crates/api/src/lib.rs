@@ -121,8 +121,8 @@ pub fn install_metrics_recorder() -> Result<PrometheusHandle, String> {
         })
         .and_then(|b| {
             b.set_buckets_for_metric(
-                Matcher::Full(peregrine_video::telemetry::GLASS_TO_RESULT.into()),
-                peregrine_video::telemetry::GLASS_TO_RESULT_BUCKETS,
+                Matcher::Full(peregrine_video::GLASS_TO_RESULT.into()),
+                peregrine_video::GLASS_TO_RESULT_BUCKETS,
             )
         })
         .and_then(|b| b.install_recorder())

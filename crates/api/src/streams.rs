@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use peregrine_video::sinks::wire::event_json;
+use peregrine_video::event_json;
 use peregrine_video::{EventSubscription, StreamConfig, StreamReport, StreamStatus, StreamSummary};
 use serde_json::{json, Value};
 

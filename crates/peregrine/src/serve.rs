@@ -13,7 +13,7 @@ use peregrine_engine::registry::{
     Startup, Weights,
 };
 use peregrine_engine::BatchPolicy;
-use peregrine_video::sinks::ConfiguredSinks;
+use peregrine_video::ConfiguredSinks;
 use peregrine_video::{ManagerOptions, StreamManager, VideoConfig};
 use peregrine_vision::DecodeLimits;
 use tokio::sync::watch;

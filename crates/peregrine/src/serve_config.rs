@@ -50,9 +50,9 @@ pub struct ServeSettings {
     /// Video streams started with the server (`[[streams]]`; more can be added at run time).
     pub streams: Vec<peregrine_video::StreamConfig>,
     /// MQTT broker the streams' detections are published to (`[mqtt]`).
-    pub mqtt: Option<peregrine_video::sinks::mqtt::MqttConfig>,
+    pub mqtt: Option<peregrine_video::MqttConfig>,
     /// HTTP endpoints the streams' detections are POSTed to (`[[webhooks]]`).
-    pub webhooks: Vec<peregrine_video::sinks::webhook::WebhookConfig>,
+    pub webhooks: Vec<peregrine_video::WebhookConfig>,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }

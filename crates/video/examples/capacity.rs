@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use hdrhistogram::Histogram;
 use peregrine_types::Detection;
-use peregrine_video::telemetry::{CounterSnapshot, DropReason};
+use peregrine_video::{CounterSnapshot, DropReason};
 use peregrine_video::{DetectError, Frame, FrameDetector, ManagerOptions, StreamConfig, StreamManager};
 
 /// Costs nothing: measures everything but the model.

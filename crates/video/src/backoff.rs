@@ -1,12 +1,23 @@
-//! Reconnect delays: exponential with jitter, capped, and forgiven after a healthy spell.
-//! Pure arithmetic with the randomness passed in, so the schedule is unit-tested exactly.
+//! Reconnect delays. Attempts that fail back off exponentially, with jitter, up to a cap;
+//! a connection that worked (it decoded a picture) wipes that slate, so the next outage
+//! starts again with a fast first retry instead of where the last outage left off. A cap
+//! on how often working connections may start keeps a camera that accepts and drops at
+//! once from causing a reconnect storm.
+//!
+//! Pure arithmetic: the time and the randomness are passed in, so the schedule is
+//! unit-tested exactly.
 
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// How a stream waits between connection attempts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackoffPolicy {
-    /// Delay after the first failure.
+    /// Delay before the first attempt after a working connection ended: most drops are a
+    /// blip or a quick reboot, and a camera that is back should be found at once.
+    pub first_retry: Duration,
+    /// Delay after the first failed attempt.
     pub initial: Duration,
     /// Longest delay, jitter included.
     pub max: Duration,
@@ -15,27 +26,29 @@ pub struct BackoffPolicy {
     /// Each delay is scaled by a random factor in `[1 - jitter, 1 + jitter]`, so cameras
     /// behind one failed switch do not all reconnect in the same instant.
     pub jitter: f64,
-    /// A connection that streamed this long counts as healthy: the next failure starts
-    /// the schedule over from `initial`.
-    pub reset_after: Duration,
+    /// Working connections start at most this often: after one ends, the next attempt
+    /// waits until this long after it began.
+    pub min_connection_interval: Duration,
 }
 
 impl Default for BackoffPolicy {
     fn default() -> Self {
         Self {
+            first_retry: Duration::from_millis(100),
             initial: Duration::from_millis(250),
             max: Duration::from_secs(8),
             multiplier: 2.0,
             jitter: 0.2,
-            reset_after: Duration::from_secs(30),
+            min_connection_interval: Duration::from_secs(2),
         }
     }
 }
 
-/// The state of one stream's schedule: how many failures in a row.
+/// The state of one stream's schedule.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     policy: BackoffPolicy,
+    /// Failed attempts since the last working connection.
     failures: u32,
 }
 
@@ -44,24 +57,36 @@ impl Backoff {
         Self { policy, failures: 0 }
     }
 
-    /// Consecutive failures counted so far.
+    /// Failed attempts counted since the last working connection.
     pub fn failures(&self) -> u32 {
         self.failures
     }
 
-    /// The delay before the next attempt, after an attempt that failed having streamed
-    /// for `healthy_for` (zero if it never connected). `unit_random` is uniform in [0, 1).
-    pub fn next_delay(&mut self, healthy_for: Duration, unit_random: f64) -> Duration {
-        if healthy_for >= self.policy.reset_after {
-            self.failures = 0;
-        }
+    /// The delay before the next attempt, after one that failed without ever working.
+    /// `unit_random` is uniform in [0, 1).
+    pub fn after_failure(&mut self, unit_random: f64) -> Duration {
         let p = &self.policy;
         let exponent = i32::try_from(self.failures).unwrap_or(i32::MAX).min(64);
         let base = p.initial.as_secs_f64() * p.multiplier.max(1.0).powi(exponent);
+        self.failures = self.failures.saturating_add(1);
+        self.jittered(base, unit_random)
+    }
+
+    /// The delay before the next attempt, after a connection that began at `started` and
+    /// worked ended at `now`: the failures before it are forgiven.
+    pub fn after_working(&mut self, started: Instant, now: Instant, unit_random: f64) -> Duration {
+        self.failures = 0;
+        let fast = self.jittered(self.policy.first_retry.as_secs_f64(), unit_random);
+        let rate_cap = (started + self.policy.min_connection_interval).saturating_duration_since(now);
+        fast.max(rate_cap)
+    }
+
+    fn jittered(&self, base_secs: f64, unit_random: f64) -> Duration {
+        let p = &self.policy;
+        let max = p.max.as_secs_f64();
         let jitter = p.jitter.clamp(0.0, 1.0);
         let factor = 1.0 - jitter + 2.0 * jitter * unit_random.clamp(0.0, 1.0);
-        let secs = (base.min(p.max.as_secs_f64()) * factor).min(p.max.as_secs_f64());
-        self.failures = self.failures.saturating_add(1);
+        let secs = (base_secs.min(max) * factor).min(max);
         Duration::try_from_secs_f64(secs).unwrap_or(p.max)
     }
 }
@@ -72,20 +97,23 @@ mod tests {
 
     fn policy() -> BackoffPolicy {
         BackoffPolicy {
+            first_retry: Duration::from_millis(20),
             initial: Duration::from_millis(100),
             max: Duration::from_secs(1),
             multiplier: 2.0,
             jitter: 0.5,
-            reset_after: Duration::from_secs(10),
+            min_connection_interval: Duration::from_secs(3),
         }
     }
 
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     #[test]
-    fn doubles_up_to_the_cap_without_jitter_at_the_midpoint() {
+    fn failures_double_up_to_the_cap_without_jitter_at_the_midpoint() {
         let mut b = Backoff::new(policy());
-        let delays: Vec<u128> = (0..6)
-            .map(|_| b.next_delay(Duration::ZERO, 0.5).as_millis())
-            .collect();
+        let delays: Vec<u128> = (0..6).map(|_| b.after_failure(0.5).as_millis()).collect();
         assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
         assert_eq!(b.failures(), 6);
     }
@@ -94,28 +122,63 @@ mod tests {
     fn jitter_stays_within_its_band_and_under_the_cap() {
         let mut low = Backoff::new(policy());
         let mut high = Backoff::new(policy());
-        assert_eq!(low.next_delay(Duration::ZERO, 0.0), Duration::from_millis(50));
-        assert_eq!(high.next_delay(Duration::ZERO, 0.999_999).as_millis(), 149);
+        assert_eq!(low.after_failure(0.0), ms(50));
+        assert_eq!(high.after_failure(0.999_999).as_millis(), 149);
         for _ in 0..10 {
-            assert!(high.next_delay(Duration::ZERO, 0.999) <= Duration::from_secs(1));
+            assert!(high.after_failure(0.999) <= Duration::from_secs(1));
         }
     }
 
     #[test]
-    fn a_healthy_connection_resets_the_schedule() {
+    fn a_working_connection_forgives_the_failures_before_it() {
+        let t0 = Instant::now();
         let mut b = Backoff::new(policy());
         for _ in 0..5 {
-            b.next_delay(Duration::from_secs(1), 0.5);
+            b.after_failure(0.5);
         }
+        assert_eq!(b.failures(), 5);
+        // Streamed 10 s: well past the rate cap, so the first retry is the fast one.
+        assert_eq!(b.after_working(t0, t0 + Duration::from_secs(10), 0.5), ms(20));
+        assert_eq!(b.failures(), 0);
+        let next: Vec<Duration> = (0..3).map(|_| b.after_failure(0.5)).collect();
         assert_eq!(
-            b.next_delay(Duration::from_secs(9), 0.5),
-            Duration::from_secs(1),
-            "not healthy long enough"
+            next,
+            [ms(100), ms(200), ms(400)],
+            "the outage starts from the start"
         );
-        assert_eq!(
-            b.next_delay(Duration::from_secs(10), 0.5),
-            Duration::from_millis(100)
-        );
-        assert_eq!(b.next_delay(Duration::ZERO, 0.5), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn a_camera_that_accepts_and_drops_at_once_reconnects_at_most_once_per_interval() {
+        let mut b = Backoff::new(policy());
+        let mut now = Instant::now();
+        let mut starts = Vec::new();
+        for _ in 0..5 {
+            // Connects, decodes one picture, drops 50 ms later.
+            let started = now;
+            starts.push(started);
+            now += ms(50);
+            now += b.after_working(started, now, 0.5);
+        }
+        let gaps: Vec<Duration> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(gaps, [Duration::from_secs(3); 4]);
+    }
+
+    #[test]
+    fn the_rate_cap_only_delays_the_first_retry_as_long_as_needed() {
+        let t0 = Instant::now();
+        for (worked_for, expected) in [
+            (ms(0), ms(3000)),
+            (ms(2900), ms(100)),
+            (ms(2990), ms(20)),
+            (ms(60_000), ms(20)),
+        ] {
+            let mut b = Backoff::new(policy());
+            assert_eq!(
+                b.after_working(t0, t0 + worked_for, 0.5),
+                expected,
+                "{worked_for:?}"
+            );
+        }
     }
 }

@@ -36,10 +36,6 @@ impl RtcpCaptureClock {
         }
     }
 
-    pub fn has_mapping(&self) -> bool {
-        self.mapping.is_some()
-    }
-
     /// The capture time of a frame with extended RTP timestamp `rtp_timestamp`, received
     /// at `received` (monotonic) and `received_wall`.
     pub fn capture_time(

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use peregrine_types::WallClock;
 use serde::Deserialize;
 
 use crate::backoff::BackoffPolicy;
@@ -112,22 +113,24 @@ pub fn redact_url(url: &str) -> String {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackoffConfig {
+    pub first_retry_ms: u64,
     pub initial_ms: u64,
     pub max_ms: u64,
     pub multiplier: f64,
     pub jitter: f64,
-    pub reset_after_ms: u64,
+    pub min_connection_interval_ms: u64,
 }
 
 impl Default for BackoffConfig {
     fn default() -> Self {
         let p = BackoffPolicy::default();
         Self {
+            first_retry_ms: p.first_retry.as_millis() as u64,
             initial_ms: p.initial.as_millis() as u64,
             max_ms: p.max.as_millis() as u64,
             multiplier: p.multiplier,
             jitter: p.jitter,
-            reset_after_ms: p.reset_after.as_millis() as u64,
+            min_connection_interval_ms: p.min_connection_interval.as_millis() as u64,
         }
     }
 }
@@ -135,11 +138,12 @@ impl Default for BackoffConfig {
 impl From<&BackoffConfig> for BackoffPolicy {
     fn from(c: &BackoffConfig) -> Self {
         Self {
+            first_retry: Duration::from_millis(c.first_retry_ms),
             initial: Duration::from_millis(c.initial_ms),
             max: Duration::from_millis(c.max_ms.max(c.initial_ms)),
             multiplier: c.multiplier,
             jitter: c.jitter,
-            reset_after: Duration::from_millis(c.reset_after_ms),
+            min_connection_interval: Duration::from_millis(c.min_connection_interval_ms),
         }
     }
 }
@@ -230,11 +234,13 @@ impl StreamConfig {
         if b.initial_ms == 0 || !multiplier_ok || !(0.0..=1.0).contains(&b.jitter) {
             return fail("backoff needs initial_ms > 0, multiplier >= 1 and jitter in 0..=1".into());
         }
-        self.opener().map(|_| ())
+        let clock: Arc<dyn WallClock> = Arc::new(peregrine_types::SystemWallClock);
+        self.opener(&clock).map(|_| ())
     }
 
-    /// The opener for this stream's URL.
-    pub fn opener(&self) -> Result<Arc<dyn Opener>, ConfigError> {
+    /// The source this definition names; `clock` stamps what it reads where the source has
+    /// no clock of its own (files).
+    pub fn opener(&self, clock: &Arc<dyn WallClock>) -> Result<Arc<dyn Opener>, ConfigError> {
         let fail = |problem: String| ConfigError {
             name: self.name.clone(),
             problem,
@@ -266,6 +272,7 @@ impl StreamConfig {
                 Pacing::AsFastAsPossible
             },
             decode_threads: self.decode_threads,
+            clock: clock.clone(),
         }))
     }
 
@@ -316,7 +323,11 @@ mod tests {
         assert_eq!(cam.fps, Some(5.0));
         assert_eq!(cam.staleness_ms, 1000);
         cam.validate().unwrap();
-        assert!(!cam.opener().unwrap().describe().contains("pass"));
+        assert!(!cam
+            .opener(&(Arc::new(peregrine_types::SystemWallClock) as Arc<dyn WallClock>))
+            .unwrap()
+            .describe()
+            .contains("pass"));
         assert!(!format!("{cam:?}").contains("pass") && !cam.redacted().url.contains("pass"));
         assert!(cam.redacted().url.contains("user:REDACTED@"));
         let demo = &cfg.streams[1];

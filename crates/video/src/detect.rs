@@ -4,13 +4,14 @@
 //! it unrun if its staleness budget is already spent, and publishes what comes back.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use peregrine_types::{ClassNames, Detection};
+use peregrine_types::{ClassNames, Detection, WallClock};
 use tokio::time::Instant;
 
-use crate::event::{DetectionEvent, StreamPublisher};
+use crate::event::DetectionEvent;
+use crate::fanout::StreamPublisher;
 use crate::frame::Frame;
 use crate::latest::LatestSlot;
 use crate::telemetry::{DropReason, StreamCounters};
@@ -56,6 +57,7 @@ pub(crate) struct DetectionTask {
     pub detector: Arc<dyn FrameDetector>,
     pub staleness: Duration,
     pub counters: Arc<StreamCounters>,
+    pub clock: Arc<dyn WallClock>,
     pub publisher: StreamPublisher,
 }
 
@@ -85,7 +87,7 @@ impl DetectionTask {
         };
         match outcome {
             Ok(detections) => {
-                let published = SystemTime::now();
+                let published = self.clock.now();
                 let latency = published.duration_since(meta.capture.wall).unwrap_or_default();
                 self.counters.detected(latency);
                 self.publisher.publish(DetectionEvent {
@@ -119,7 +121,7 @@ mod tests {
     use tokio::sync::broadcast;
 
     use super::*;
-    use crate::event::{EventFanout, EventSubscription};
+    use crate::fanout::{EventFanout, EventSubscription};
     use crate::frame::{test_meta, FramePool};
 
     /// Takes `work` per frame (simulated time), or answers `error` at once.
@@ -169,6 +171,14 @@ mod tests {
     }
 
     fn start(detector: Arc<SlowDetector>, staleness: Duration) -> Harness {
+        start_with_clock(detector, staleness, Arc::new(peregrine_types::SystemWallClock))
+    }
+
+    fn start_with_clock(
+        detector: Arc<SlowDetector>,
+        staleness: Duration,
+        clock: Arc<dyn WallClock>,
+    ) -> Harness {
         let slot = Arc::new(LatestSlot::default());
         let counters = StreamCounters::new("test");
         let (stream_tx, stream_rx) = broadcast::channel(256);
@@ -178,6 +188,7 @@ mod tests {
                 detector,
                 staleness,
                 counters: counters.clone(),
+                clock,
                 publisher: StreamPublisher {
                     stream: stream_tx,
                     fanout: Arc::new(EventFanout {
@@ -288,5 +299,34 @@ mod tests {
             assert_eq!(h.counters.snapshot().dropped(reason), 1, "{reason:?}");
             assert_eq!(h.counters.snapshot().frames_detected, 0);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_is_the_publish_time_minus_the_capture_time_on_the_injected_clock() {
+        let captured = std::time::UNIX_EPOCH + Duration::from_secs(1_704_067_200);
+        let clock = Arc::new(peregrine_types::ManualWallClock::new(captured));
+        clock.advance(Duration::from_millis(300));
+        let mut h = start_with_clock(
+            SlowDetector::new(Duration::ZERO, None),
+            Duration::from_secs(1),
+            clock.clone(),
+        );
+        let pool = FramePool::new(2);
+        for (seq, capture_offset) in [(0, Duration::ZERO), (1, Duration::from_secs(2))] {
+            let mut meta = test_meta(seq);
+            // The second frame's camera clock runs ahead of ours.
+            meta.capture.wall = captured + capture_offset;
+            h.slot.put(pool.take(8, 8, meta).unwrap());
+            let event = h.events.recv().await.unwrap();
+            assert_eq!(event.published, captured + Duration::from_millis(300));
+            let expected = if seq == 0 {
+                Duration::from_millis(300)
+            } else {
+                Duration::ZERO
+            };
+            assert_eq!(event.latency, expected, "frame {seq}");
+        }
+        h.slot.close();
+        h.task.await.unwrap();
     }
 }

@@ -191,10 +191,6 @@ impl FramePool {
     pub fn outstanding(&self) -> usize {
         self.shared.outstanding.load(Ordering::Acquire)
     }
-
-    pub fn capacity(&self) -> usize {
-        self.shared.capacity
-    }
 }
 
 #[cfg(test)]

@@ -10,37 +10,53 @@
 //! and a [`detect`] task that takes the newest frame from the [`latest`] slot, drops it if
 //! its staleness budget is spent, and calls the server's [`FrameDetector`]. Results are
 //! plain [`event`]s stamped with the stream's presentation time and a wall-clock capture
-//! time ([`clock`]: RTCP sender reports, else local receive time); they fan out through
-//! bounded broadcasts and to the [`sinks`] (MQTT, webhooks), each with its own bounded
-//! drop-oldest queue, so nothing downstream can stall detection. [`config`] is the TOML
-//! shape of it all and [`telemetry`] names every metric.
+//! time ([`clock`]: RTCP sender reports, else local receive time); [`fanout`] carries them
+//! through bounded broadcasts and to the [`sinks`] (MQTT, webhooks), each with its own
+//! bounded drop-oldest queue, so nothing downstream can stall detection. [`config`] is the
+//! TOML shape of it all and [`telemetry`] names every metric. Wall-clock readings come
+//! from the [`WallClock`] in [`ManagerOptions`], so tests can set the time of day.
+//!
+//! The modules are private: what other crates use is re-exported below, and nothing else
+//! is a promise.
 //!
 //! No HTTP routes and no binary configuration parsing live here: the API crate subscribes
 //! to events and calls the handle; the binary builds a [`VideoConfig`] and the sinks.
 
-pub mod backoff;
-pub mod clock;
-pub mod config;
-pub mod decode;
-pub mod detect;
-pub mod event;
-pub mod frame;
-pub mod latest;
-pub mod manager;
-pub mod sampling;
-pub mod sinks;
-pub mod source;
-pub mod supervisor;
-pub mod telemetry;
+mod backoff;
+mod clock;
+mod config;
+mod decode;
+mod detect;
+mod event;
+mod fanout;
+mod frame;
+mod latest;
+mod manager;
+mod sampling;
+mod sinks;
+mod source;
+mod supervisor;
+mod telemetry;
 
-pub use config::{StreamConfig, VideoConfig};
+pub use config::{BackoffConfig, ConfigError, StreamConfig, VideoConfig};
+pub use decode::worker::live_decode_threads;
+pub use decode::{Codec, DecodeError, DecodedPicture, DecoderConfig, VideoDecoder};
 pub use detect::{DetectError, FrameDetector};
-pub use event::{DetectionEvent, EventSubscription, SinkMessage, StatusChange};
-pub use frame::{CaptureTime, ClockSource, Frame, Pts};
+pub use event::{DetectionEvent, SinkMessage, StatusChange, StreamStatus};
+pub use fanout::{EventSubscription, SinkQueue};
+pub use frame::{CaptureTime, ClockSource, Frame, FrameMeta, Pts};
 pub use manager::{
     ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamReport, StreamSummary,
 };
-pub use supervisor::StreamStatus;
+pub use peregrine_types::{ManualWallClock, SystemWallClock, WallClock};
+pub use sinks::mqtt::{MqttConfig, MqttSink, MqttStats};
+pub use sinks::webhook::{WebhookConfig, WebhookSink, WebhookStats};
+pub use sinks::wire::event_json;
+pub use sinks::{ConfiguredSinks, SinkError};
+pub use source::file::{FileOpener, Pacing};
+pub use source::rtsp::{RtspOpener, RtspTransport};
+pub use source::{EncodedFrame, Opener, Source, SourceError, StreamParameters};
+pub use telemetry::{CounterSnapshot, DropReason, GLASS_TO_RESULT, GLASS_TO_RESULT_BUCKETS};
 
 #[cfg(test)]
 pub(crate) mod test_clips {

@@ -11,18 +11,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use peregrine_types::{SystemWallClock, WallClock};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::{ConfigError, StreamConfig};
 use crate::decode::{DecodeWorker, DecodeWorkerConfig};
 use crate::detect::{DetectionTask, FrameDetector};
-use crate::event::{EventFanout, EventSubscription, StreamPublisher};
+use crate::event::{DetectionEvent, StreamStatus};
+use crate::fanout::{EventFanout, EventSubscription, SinkQueue, StreamPublisher};
 use crate::frame::FramePool;
 use crate::latest::LatestSlot;
-use crate::sinks::SinkQueue;
 use crate::source::Opener;
-use crate::supervisor::{StatusReporter, StreamStatus, Supervisor, SupervisorConfig};
+use crate::supervisor::{StatusReporter, Supervisor, SupervisorConfig};
 use crate::telemetry::{CounterSnapshot, StreamCounters};
 
 /// Commands waiting for the owner task. Senders wait when it is full; commands are small
@@ -57,6 +58,9 @@ pub struct ManagerOptions {
     pub stream_events: usize,
     /// The same for the all-streams feed.
     pub all_events: usize,
+    /// Wall-clock readings (capture times of files, publish times, "next attempt at");
+    /// the system's clock unless a test sets its own.
+    pub clock: Arc<dyn WallClock>,
 }
 
 impl ManagerOptions {
@@ -66,6 +70,7 @@ impl ManagerOptions {
             sinks: Vec::new(),
             stream_events: 64,
             all_events: 256,
+            clock: Arc::new(SystemWallClock),
         }
     }
 }
@@ -222,7 +227,7 @@ struct RunningStream {
     source: String,
     status: watch::Receiver<StreamStatus>,
     counters: Arc<StreamCounters>,
-    events: broadcast::Sender<Arc<crate::event::DetectionEvent>>,
+    events: broadcast::Sender<Arc<DetectionEvent>>,
     pool: FramePool,
     stop: watch::Sender<bool>,
     supervisor: JoinHandle<()>,
@@ -334,7 +339,7 @@ impl Owner {
         }
         let opener = match opener {
             Some(o) => o,
-            None => config.opener()?,
+            None => config.opener(&self.options.clock)?,
         };
         let name: Arc<str> = config.name.as_str().into();
         let counters = StreamCounters::new(&name);
@@ -346,6 +351,7 @@ impl Owner {
                 fps: config.fps,
                 queue: config.decode_queue,
                 pool: pool.clone(),
+                clock: self.options.clock.clone(),
             },
             slot.clone(),
             counters.clone(),
@@ -364,6 +370,7 @@ impl Owner {
                 connect_timeout: Duration::from_millis(config.connect_timeout_ms),
                 frame_timeout: Duration::from_millis(config.frame_timeout_ms),
                 backoff: (&config.backoff).into(),
+                clock: self.options.clock.clone(),
             },
             opener,
             worker,
@@ -380,6 +387,7 @@ impl Owner {
             detector: self.options.detector.clone(),
             staleness: config.staleness(),
             counters: counters.clone(),
+            clock: self.options.clock.clone(),
             publisher: StreamPublisher {
                 stream: events.clone(),
                 fanout: self.fanout.clone(),

@@ -1,47 +1,22 @@
 //! One supervisor task per stream, in the style of moonfire-nvr's streamers: `run_once`
 //! (open, read, hand access units to the decode thread) inside a retry loop with bounded,
-//! jittered exponential backoff that is forgiven after a healthy spell. Opening and every
-//! frame have their own timeouts, so a camera that hangs is treated like one that fails.
+//! jittered exponential backoff, forgiven as soon as a connection decodes a picture (see
+//! [`crate::backoff`]). Opening and every frame have their own timeouts, so a camera that
+//! hangs is treated like one that fails.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
+use peregrine_types::WallClock;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::decode::DecodeWorker;
-use crate::event::{EventFanout, StatusChange};
+use crate::event::{StatusChange, StreamStatus};
+use crate::fanout::EventFanout;
 use crate::source::{Opener, SourceError};
 use crate::telemetry::StreamCounters;
-
-/// Where a stream is in its life.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StreamStatus {
-    /// Opening the source (`attempt` counts from 1 since the last healthy connection).
-    Connecting { attempt: u32 },
-    /// Frames are arriving.
-    Streaming { since: SystemTime },
-    /// The last attempt failed; the next starts at `next_attempt`.
-    BackingOff {
-        last_error: String,
-        attempt: u32,
-        next_attempt: SystemTime,
-    },
-    /// No more attempts: removed, shut down, or a file that does not loop has ended.
-    Stopped { reason: String },
-}
-
-impl StreamStatus {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Connecting { .. } => "connecting",
-            Self::Streaming { .. } => "streaming",
-            Self::BackingOff { .. } => "backing_off",
-            Self::Stopped { .. } => "stopped",
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub(crate) struct SupervisorConfig {
@@ -49,6 +24,7 @@ pub(crate) struct SupervisorConfig {
     pub connect_timeout: Duration,
     pub frame_timeout: Duration,
     pub backoff: BackoffPolicy,
+    pub clock: Arc<dyn WallClock>,
 }
 
 /// Publishes status changes to the status watch and to the sinks.
@@ -84,8 +60,9 @@ enum Ended {
     EndOfStream,
     Failed {
         error: SourceError,
-        /// How long it streamed before failing (zero if it never delivered a frame).
-        healthy_for: Duration,
+        /// When the attempt began, if the connection worked: the decoder produced a
+        /// picture from it.
+        worked_since: Option<Instant>,
     },
 }
 
@@ -102,14 +79,17 @@ impl Supervisor {
                 _ = stop_requested(&mut shutdown) => break "removed".to_string(),
                 ended = self.run_once() => ended,
             };
-            let (error, healthy_for) = match ended {
+            let (error, worked_since) = match ended {
                 Ended::EndOfStream => break "end of stream".to_string(),
-                Ended::Failed { error, healthy_for } => (error, healthy_for),
+                Ended::Failed { error, worked_since } => (error, worked_since),
             };
             if matches!(error, SourceError::DecoderGone) {
                 break error.to_string();
             }
-            let delay = backoff.next_delay(healthy_for, rand::random::<f64>());
+            let delay = match worked_since {
+                Some(started) => backoff.after_working(started, Instant::now(), rand::random::<f64>()),
+                None => backoff.after_failure(rand::random::<f64>()),
+            };
             tracing::warn!(
                 stream = %self.config.stream,
                 source = %self.opener.describe(),
@@ -120,7 +100,7 @@ impl Supervisor {
             self.status.set(StreamStatus::BackingOff {
                 last_error: error.to_string(),
                 attempt: backoff.failures(),
-                next_attempt: SystemTime::now() + delay,
+                next_attempt: self.config.clock.now() + delay,
             });
             tokio::select! {
                 biased;
@@ -136,17 +116,22 @@ impl Supervisor {
     }
 
     async fn run_once(&mut self) -> Ended {
-        let mut streaming_since = None;
-        match self.stream(&mut streaming_since).await {
+        let started = Instant::now();
+        let epoch_before = self.worker.epoch();
+        match self.stream().await {
             Ok(()) => Ended::EndOfStream,
-            Err(error) => Ended::Failed {
-                error,
-                healthy_for: streaming_since.map(|t: Instant| t.elapsed()).unwrap_or_default(),
-            },
+            Err(error) => {
+                // Only a picture from a decoder this connection opened shows it worked.
+                let worked = self.worker.epoch() > epoch_before && self.worker.decoded_since_open();
+                Ended::Failed {
+                    error,
+                    worked_since: worked.then_some(started),
+                }
+            }
         }
     }
 
-    async fn stream(&mut self, streaming_since: &mut Option<Instant>) -> Result<(), SourceError> {
+    async fn stream(&mut self) -> Result<(), SourceError> {
         let timeout_ms = |d: Duration| d.as_millis() as u64;
         let connect = self.config.connect_timeout;
         let mut source = tokio::time::timeout(connect, self.opener.open())
@@ -160,6 +145,7 @@ impl Supervisor {
         }
         let frame_timeout = self.config.frame_timeout;
         let live = source.is_live();
+        let mut streaming = false;
         loop {
             let next = tokio::time::timeout(frame_timeout, source.next_frame())
                 .await
@@ -168,10 +154,10 @@ impl Supervisor {
                     after_ms: timeout_ms(frame_timeout),
                 })??;
             let Some(frame) = next else { return Ok(()) };
-            if streaming_since.is_none() {
-                *streaming_since = Some(Instant::now());
+            if !streaming {
+                streaming = true;
                 self.status.set(StreamStatus::Streaming {
-                    since: SystemTime::now(),
+                    since: self.config.clock.now(),
                 });
             }
             self.counters.received();
@@ -197,16 +183,19 @@ async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
+    use std::time::SystemTime;
 
-    use bytes::Bytes;
     use futures_util::future::BoxFuture;
+    use peregrine_types::{ManualWallClock, SystemWallClock};
     use tokio::sync::broadcast;
 
     use super::*;
     use crate::decode::DecodeWorkerConfig;
-    use crate::frame::{CaptureTime, ClockSource, FramePool};
+    use crate::frame::FramePool;
     use crate::latest::LatestSlot;
+    use crate::source::file::{FileOpener, Pacing};
     use crate::source::{EncodedFrame, Source, StreamParameters};
 
     /// What one connection attempt of the fake camera does.
@@ -214,9 +203,9 @@ mod tests {
     enum Attempt {
         Refuse,
         HangOnConnect,
-        /// Delivers `frames` frames `interval` apart, then does `then`.
+        /// Delivers `frames` frames of a real clip `interval` apart, then does `then`.
         Stream {
-            frames: u32,
+            frames: usize,
             interval: Duration,
             then: Then,
         },
@@ -229,20 +218,46 @@ mod tests {
         End,
     }
 
+    /// The first access units of a real clip, so the decode thread makes real pictures
+    /// and the supervisor can tell a working connection from one that only accepted.
+    struct ClipStart {
+        parameters: StreamParameters,
+        frames: Vec<EncodedFrame>,
+    }
+
+    async fn clip_start(frames: usize) -> Arc<ClipStart> {
+        let opener = FileOpener {
+            path: crate::test_clips::clip("bikes.mp4"),
+            looped: false,
+            pacing: Pacing::AsFastAsPossible,
+            decode_threads: 1,
+            clock: Arc::new(SystemWallClock),
+        };
+        let mut source = opener.open().await.expect("open the clip");
+        let parameters = source.parameters().expect("parameters").clone();
+        let mut taken = Vec::new();
+        while taken.len() < frames {
+            taken.push(source.next_frame().await.unwrap().expect("clip long enough"));
+        }
+        Arc::new(ClipStart {
+            parameters,
+            frames: taken,
+        })
+    }
+
     /// Plays a script of attempts (the last one repeats) and records when each began.
     struct ScriptedOpener {
         script: Vec<Attempt>,
+        clip: Arc<ClipStart>,
+        /// The decode worker's [`DecodeWorker::picture_epoch`].
+        picture_epoch: Arc<AtomicU64>,
         attempts: Mutex<Vec<Instant>>,
+        /// Connections opened so far: each opens the decoder once, so this is the epoch
+        /// of the decoder that the latest connection's frames go to.
+        connections: AtomicU64,
     }
 
     impl ScriptedOpener {
-        fn new(script: Vec<Attempt>) -> Arc<Self> {
-            Arc::new(Self {
-                script,
-                attempts: Mutex::new(Vec::new()),
-            })
-        }
-
         fn attempt_times(&self) -> Vec<Instant> {
             self.attempts.lock().unwrap().clone()
         }
@@ -253,6 +268,12 @@ mod tests {
             let mut attempts = self.attempts.lock().unwrap();
             attempts.push(Instant::now());
             let step = self.script[(attempts.len() - 1).min(self.script.len() - 1)];
+            let clip = self.clip.clone();
+            let picture_epoch = self.picture_epoch.clone();
+            let epoch = match step {
+                Attempt::Stream { .. } => self.connections.fetch_add(1, Ordering::Relaxed) + 1,
+                _ => 0,
+            };
             Box::pin(async move {
                 match step {
                     Attempt::Refuse => Err(SourceError::Connect {
@@ -265,10 +286,13 @@ mod tests {
                         interval,
                         then,
                     } => Ok(Box::new(FakeSource {
-                        left: frames,
+                        picture_epoch,
+                        epoch,
+                        clip,
+                        sent: 0,
+                        frames,
                         interval,
                         then,
-                        pts: 0,
                     }) as Box<dyn Source>),
                 }
             })
@@ -280,20 +304,45 @@ mod tests {
     }
 
     struct FakeSource {
-        left: u32,
+        clip: Arc<ClipStart>,
+        picture_epoch: Arc<AtomicU64>,
+        /// The decoder epoch of this connection.
+        epoch: u64,
+        sent: usize,
+        frames: usize,
         interval: Duration,
         then: Then,
-        pts: i64,
+    }
+
+    impl FakeSource {
+        /// Before a connection that delivered frames ends, lets the decode thread (a real
+        /// thread, in real time) finish a picture from them, holding the paused clock: the
+        /// test then decides, not the race between the two clocks, whether it worked.
+        fn wait_for_a_picture(&self) {
+            if self.sent == 0 {
+                return;
+            }
+            let started = std::time::Instant::now();
+            while self.picture_epoch.load(Ordering::Acquire) != self.epoch {
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(10),
+                    "the decoder made no picture from {} frames",
+                    self.sent
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
     }
 
     impl Source for FakeSource {
         fn parameters(&self) -> Option<&StreamParameters> {
-            None
+            Some(&self.clip.parameters)
         }
 
         fn next_frame(&mut self) -> BoxFuture<'_, Result<Option<EncodedFrame>, SourceError>> {
             Box::pin(async move {
-                if self.left == 0 {
+                if self.sent == self.frames {
+                    self.wait_for_a_picture();
                     return match self.then {
                         Then::Hang => std::future::pending().await,
                         Then::Fail => Err(SourceError::Stream {
@@ -304,54 +353,64 @@ mod tests {
                     };
                 }
                 tokio::time::sleep(self.interval).await;
-                self.left -= 1;
-                self.pts += 3600;
-                Ok(Some(EncodedFrame {
-                    data: Bytes::from_static(b"\x00\x00\x00\x01\x09"),
-                    pts_90k: self.pts,
-                    capture: CaptureTime {
-                        wall: SystemTime::now(),
-                        source: ClockSource::LocalReceive,
-                        received: Instant::now(),
-                    },
-                    is_key: true,
-                    new_parameters: None,
-                }))
+                let frame = self.clip.frames[self.sent].clone();
+                self.sent += 1;
+                Ok(Some(frame))
             })
         }
     }
 
     struct Harness {
+        opener: Arc<ScriptedOpener>,
         status: watch::Receiver<StreamStatus>,
         stop: watch::Sender<bool>,
         counters: Arc<StreamCounters>,
         task: tokio::task::JoinHandle<()>,
     }
 
+    /// When the harness's wall clock (which stands still) shows.
+    fn wall_start() -> SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_secs(1_704_067_200)
+    }
+
     fn policy() -> BackoffPolicy {
         BackoffPolicy {
+            first_retry: Duration::from_millis(50),
             initial: Duration::from_millis(100),
             max: Duration::from_millis(800),
             multiplier: 2.0,
             jitter: 0.0,
-            reset_after: Duration::from_secs(5),
+            min_connection_interval: Duration::from_secs(1),
         }
     }
 
-    fn start(opener: Arc<ScriptedOpener>) -> Harness {
+    /// The longest script step streams this many frames.
+    const CLIP_FRAMES: usize = 40;
+
+    async fn start(script: Vec<Attempt>) -> Harness {
         let stream: Arc<str> = "fake".into();
         let counters = StreamCounters::new(&stream);
         let worker = DecodeWorker::spawn(
             DecodeWorkerConfig {
                 stream: stream.clone(),
                 fps: None,
-                queue: 8,
+                // Room for a few steps' frames: the paused clock hands them over at once,
+                // and a full queue would drop them or hold the decoder's open.
+                queue: 4 * CLIP_FRAMES,
                 pool: FramePool::new(2),
+                clock: Arc::new(SystemWallClock),
             },
             Arc::new(LatestSlot::default()),
             counters.clone(),
         )
         .unwrap();
+        let opener = Arc::new(ScriptedOpener {
+            script,
+            clip: clip_start(CLIP_FRAMES).await,
+            picture_epoch: worker.picture_epoch(),
+            attempts: Mutex::new(Vec::new()),
+            connections: AtomicU64::new(0),
+        });
         let (status_tx, status) = watch::channel(StreamStatus::Connecting { attempt: 1 });
         let (stop, stop_rx) = watch::channel(false);
         let supervisor = Supervisor {
@@ -360,8 +419,9 @@ mod tests {
                 connect_timeout: Duration::from_secs(2),
                 frame_timeout: Duration::from_secs(1),
                 backoff: policy(),
+                clock: Arc::new(ManualWallClock::new(wall_start())),
             },
-            opener,
+            opener: opener.clone(),
             worker,
             counters: counters.clone(),
             status: StatusReporter {
@@ -375,6 +435,7 @@ mod tests {
             shutdown: stop_rx,
         };
         Harness {
+            opener,
             status,
             stop,
             counters,
@@ -382,30 +443,55 @@ mod tests {
         }
     }
 
-    fn gaps(times: &[Instant]) -> Vec<u128> {
-        times.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect()
+    impl Harness {
+        /// Waits (simulated time) until `n` attempts have begun; their gaps in ms.
+        async fn gaps_of_first(&self, n: usize) -> Vec<u128> {
+            while self.opener.attempt_times().len() < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let times = self.opener.attempt_times();
+            times[..n].windows(2).map(|w| (w[1] - w[0]).as_millis()).collect()
+        }
+
+        async fn stop(self) -> StreamStatus {
+            self.stop.send(true).unwrap();
+            self.task.await.unwrap();
+            let status = self.status.borrow().clone();
+            status
+        }
+    }
+
+    fn stream(frames: usize, then: Then) -> Attempt {
+        Attempt::Stream {
+            frames,
+            interval: Duration::from_millis(40),
+            then,
+        }
     }
 
     #[tokio::test(start_paused = true)]
     async fn refused_connections_back_off_exponentially_up_to_the_cap() {
-        let opener = ScriptedOpener::new(vec![Attempt::Refuse]);
-        let mut h = start(opener.clone());
-        tokio::time::sleep(Duration::from_millis(100 + 200 + 400 + 800 + 800 + 50)).await;
-        assert_eq!(gaps(&opener.attempt_times()), [100, 200, 400, 800, 800]);
+        let mut h = start(vec![Attempt::Refuse]).await;
+        assert_eq!(h.gaps_of_first(6).await, [100, 200, 400, 800, 800]);
         let status = h.status.borrow_and_update().clone();
         let StreamStatus::BackingOff {
-            last_error, attempt, ..
+            last_error,
+            attempt,
+            next_attempt,
         } = status
         else {
             panic!("expected backing off, got {status:?}");
         };
         assert!(last_error.contains("refused"), "{last_error}");
         assert_eq!(attempt, 6);
-        assert_eq!(h.counters.snapshot().reconnects, 5);
-        h.stop.send(true).unwrap();
-        h.task.await.unwrap();
         assert_eq!(
-            *h.status.borrow(),
+            next_attempt,
+            wall_start() + Duration::from_millis(800),
+            "now + delay"
+        );
+        assert_eq!(h.counters.snapshot().reconnects, 5);
+        assert_eq!(
+            h.stop().await,
             StreamStatus::Stopped {
                 reason: "removed".into()
             }
@@ -414,70 +500,61 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_hanging_connect_and_a_silent_stream_both_time_out() {
-        let opener = ScriptedOpener::new(vec![
+        let h = start(vec![
             Attempt::HangOnConnect,
-            Attempt::Stream {
-                frames: 3,
-                interval: Duration::from_millis(40),
-                then: Then::Hang,
-            },
+            stream(3, Then::Hang),
             Attempt::Refuse,
-        ]);
-        let h = start(opener.clone());
-        // connect timeout 2 s, backoff 100 ms, 3 frames (120 ms) + frame timeout 1 s, 200 ms.
-        tokio::time::sleep(Duration::from_millis(2000 + 100 + 120 + 1000 + 200 + 50)).await;
-        let t = opener.attempt_times();
-        assert_eq!(gaps(&t[..3]), [2100, 1320]);
+        ])
+        .await;
+        // Connect timeout 2 s, then 100 ms; 3 frames (120 ms) and the frame timeout (1 s),
+        // then the fast first retry (50 ms): those frames decoded, so the connection worked.
+        assert_eq!(h.gaps_of_first(3).await, [2100, 1170]);
         assert_eq!(h.counters.snapshot().frames_received, 3);
-        h.stop.send(true).unwrap();
-        h.task.await.unwrap();
+        h.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_healthy_spell_resets_the_backoff() {
-        let opener = ScriptedOpener::new(vec![
-            Attempt::Refuse,
-            Attempt::Refuse,
-            Attempt::Refuse,
-            // 6 s of frames: longer than reset_after (5 s).
-            Attempt::Stream {
-                frames: 150,
-                interval: Duration::from_millis(40),
-                then: Then::Fail,
-            },
-            Attempt::Refuse,
-        ]);
-        let h = start(opener.clone());
-        tokio::time::sleep(Duration::from_millis(100 + 200 + 400 + 6000 + 100 + 50)).await;
-        let g = gaps(&opener.attempt_times());
-        assert_eq!(g[..3], [100, 200, 400]);
-        // 6 s streaming, then the initial 100 ms again instead of the next step (800 ms).
+    async fn a_working_connection_forgives_the_failures_before_it() {
+        let refuse = Attempt::Refuse;
+        // 40 frames (1.6 s), a failure, then refusals again.
+        let h = start(vec![refuse, refuse, refuse, stream(40, Then::Fail), refuse]).await;
+        let g = h.gaps_of_first(7).await;
         assert_eq!(
-            g[3],
-            6000 + 100,
-            "schedule restarted after a healthy spell: {g:?}"
+            g,
+            [100, 200, 400, 1600 + 50, 100, 200],
+            "the next outage starts with the fast retry and the schedule from the start"
         );
-        assert!(h.status.borrow().name() == "backing_off" || h.status.borrow().name() == "connecting");
-        h.stop.send(true).unwrap();
-        h.task.await.unwrap();
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_camera_that_streams_briefly_and_drops_reconnects_at_most_once_per_interval() {
+        // 10 frames (400 ms) and a reset, every time: each connection works, so the
+        // backoff never grows, but the rate cap spaces them 1 s apart.
+        let h = start(vec![stream(10, Then::Fail)]).await;
+        assert_eq!(h.gaps_of_first(5).await, [1000, 1000, 1000, 1000]);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_camera_that_accepts_but_sends_nothing_backs_off_as_a_failure() {
+        let h = start(vec![stream(0, Then::Fail)]).await;
+        assert_eq!(h.gaps_of_first(5).await, [100, 200, 400, 800]);
+        h.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_end_of_a_finite_source_stops_without_reconnecting() {
-        let opener = ScriptedOpener::new(vec![Attempt::Stream {
-            frames: 5,
-            interval: Duration::from_millis(40),
-            then: Then::End,
-        }]);
-        let h = start(opener.clone());
+        let h = start(vec![stream(5, Then::End)]).await;
+        let (opener, counters, status) = (h.opener.clone(), h.counters.clone(), h.status.clone());
         h.task.await.unwrap();
         assert_eq!(opener.attempt_times().len(), 1);
         assert_eq!(
-            *h.status.borrow(),
+            *status.borrow(),
             StreamStatus::Stopped {
                 reason: "end of stream".into()
             }
         );
-        assert_eq!(h.counters.snapshot().frames_received, 5);
+        assert_eq!(counters.snapshot().frames_received, 5);
     }
 }

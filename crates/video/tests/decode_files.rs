@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use peregrine_video::decode::{Codec, VideoDecoder};
-use peregrine_video::source::file::{FileOpener, Pacing};
-use peregrine_video::source::Opener;
+use peregrine_video::Opener;
+use peregrine_video::{Codec, VideoDecoder};
+use peregrine_video::{FileOpener, Pacing};
 
 fn shared(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -20,6 +20,7 @@ async fn decode_all(path: PathBuf) -> (usize, Codec, f64) {
         looped: false,
         pacing: Pacing::AsFastAsPossible,
         decode_threads: 2,
+        clock: std::sync::Arc::new(peregrine_video::SystemWallClock),
     };
     let mut source = opener.open().await.expect("open");
     let params = source.parameters().expect("file parameters").clone();
@@ -27,7 +28,7 @@ async fn decode_all(path: PathBuf) -> (usize, Codec, f64) {
     let (mut pictures, mut mean) = (0usize, None);
     let stride = (params.width as usize * 3).div_ceil(64) * 64;
     let mut rgb = vec![0u8; stride * params.height as usize];
-    let mut on_picture = |mut pic: peregrine_video::decode::DecodedPicture<'_>| {
+    let mut on_picture = |mut pic: peregrine_video::DecodedPicture<'_>| {
         assert_eq!((pic.width, pic.height), (params.width, params.height));
         pictures += 1;
         if mean.is_none() {

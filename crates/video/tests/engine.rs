@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use peregrine_video::telemetry::DropReason;
+use peregrine_video::DropReason;
 use peregrine_video::{ManagerOptions, StreamConfig, StreamManager};
 use support::engine_detector::{repo_model, EngineDetector};
 use support::{shared_clip, RtspServer};

@@ -1,14 +1,17 @@
 //! Streams added and removed at run time, over and over, leave no task, thread or frame
-//! buffer behind. Alone in its test binary, as it counts process-wide threads.
+//! buffer behind, whether they were streaming or waiting to reconnect. Alone in its test
+//! binary, as it counts process-wide threads.
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use peregrine_video::decode::worker::live_decode_threads;
-use peregrine_video::source::rtsp::RtspTransport;
-use peregrine_video::{ManagerError, ManagerOptions, StreamManager};
-use support::{camera, eventually, h265_clip, instant_detector, os_threads, shared_clip, RtspServer};
+use peregrine_video::live_decode_threads;
+use peregrine_video::RtspTransport;
+use peregrine_video::{ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamStatus};
+use support::{
+    camera, eventually, free_port, h265_clip, instant_detector, os_threads, shared_clip, RtspServer,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_come_and_go_at_run_time_without_leaking_tasks_or_threads() {
@@ -78,9 +81,46 @@ async fn streams_come_and_go_at_run_time_without_leaking_tasks_or_threads() {
         })
         .await;
     }
+    remove_while_backing_off(&manager).await;
+    assert_eq!(live_decode_threads(), baseline_threads, "decode threads ended");
     eventually(Duration::from_secs(15), "OS threads back to the baseline", || {
         os_threads() <= baseline_os_threads + 2
     })
     .await;
     manager.shutdown().await.unwrap();
+}
+
+/// A camera that refuses, with a backoff far longer than the test: removing it interrupts
+/// the wait instead of sitting it out.
+async fn remove_while_backing_off(manager: &StreamManagerHandle) {
+    let url = format!("rtsp://127.0.0.1:{}/nothing", free_port());
+    let mut c = camera("refused", url, RtspTransport::Tcp, None);
+    c.backoff.first_retry_ms = 600_000;
+    c.backoff.initial_ms = 600_000;
+    c.backoff.max_ms = 600_000;
+    manager.add(c).await.unwrap();
+    let waited = Instant::now();
+    loop {
+        let status = manager.status("refused").await.unwrap().status;
+        if let StreamStatus::BackingOff { last_error, .. } = &status {
+            assert!(last_error.contains("127.0.0.1"), "{last_error}");
+            break;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(15),
+            "never backed off: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let removing = Instant::now();
+    tokio::time::timeout(Duration::from_secs(15), manager.remove("refused"))
+        .await
+        .expect("remove answers without waiting for the backoff")
+        .unwrap();
+    eprintln!("removed while backing off in {:?}", removing.elapsed());
+    assert!(matches!(
+        manager.status("refused").await,
+        Err(ManagerError::NotFound(_))
+    ));
+    assert!(manager.list().await.unwrap().is_empty());
 }

@@ -5,10 +5,10 @@ mod support;
 
 use std::time::Duration;
 
-use peregrine_video::decode::VideoDecoder;
-use peregrine_video::source::rtsp::{RtspOpener, RtspTransport};
-use peregrine_video::source::Opener;
 use peregrine_video::ClockSource;
+use peregrine_video::Opener;
+use peregrine_video::VideoDecoder;
+use peregrine_video::{RtspOpener, RtspTransport};
 use support::{h265_clip, shared_clip, RtspServer};
 
 /// Reads frames for up to `frames` and decodes them; returns (pictures, saw an RTCP clock).
@@ -21,7 +21,7 @@ async fn read_and_decode(url: &str, transport: RtspTransport, frames: usize) -> 
     let params = source.parameters().expect("parameters").clone();
     let mut decoder = VideoDecoder::open(&params.decoder).expect("decoder");
     let (mut pictures, mut rtcp) = (0, false);
-    let mut on_picture = |_pic: peregrine_video::decode::DecodedPicture<'_>| pictures += 1;
+    let mut on_picture = |_pic: peregrine_video::DecodedPicture<'_>| pictures += 1;
     for _ in 0..frames {
         let f = tokio::time::timeout(Duration::from_secs(20), source.next_frame())
             .await

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use peregrine_video::sinks::mqtt::{MqttConfig, MqttSink};
-use peregrine_video::sinks::webhook::{WebhookConfig, WebhookSink};
-use peregrine_video::sinks::ConfiguredSinks;
+use peregrine_video::ConfiguredSinks;
 use peregrine_video::{ManagerOptions, StreamConfig, StreamManager, VideoConfig};
+use peregrine_video::{MqttConfig, MqttSink};
+use peregrine_video::{WebhookConfig, WebhookSink};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::Value;
 use support::tls::TestCa;
@@ -168,6 +168,56 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
     manager.shutdown().await.unwrap();
     sinks.shut_down().await;
     mqtt_wait_for(&mut live, "pv-test/available", |p| p == b"offline").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mqtt_sink_reconnects_after_the_broker_restarts_and_republishes_status() {
+    let mut broker = Mosquitto::start();
+    let mut before = subscriber(broker.port, "before", "pv-restart/#").await;
+    let mut config = MqttConfig::new("127.0.0.1", broker.port);
+    config.topic_prefix = "pv-restart".into();
+    config.client_id = "peregrine-restart".into();
+    let sink = MqttSink::start(&config).unwrap();
+    let mut options = ManagerOptions::new(instant_detector());
+    options.sinks.push(sink.queue());
+    let manager = StreamManager::start(options, vec![file_stream("file1")])
+        .await
+        .unwrap();
+    let is_detection = |p: &[u8]| serde_json::from_slice::<Value>(p).is_ok_and(|v| v["stream"] == "file1");
+    mqtt_wait_for(&mut before, "pv-restart/file1/detections", is_detection).await;
+
+    // The broker dies with everything it retained and comes back empty.
+    broker.restart();
+    let mut after = subscriber(broker.port, "after", "pv-restart/#").await;
+    let mut seen = BTreeMap::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while seen.len() < 3 {
+            let (topic, payload, retain) = after.recv().await.expect("subscriber alive");
+            let v: Value = serde_json::from_slice(&payload).unwrap_or(Value::Null);
+            let wanted = match topic.as_str() {
+                "pv-restart/available" => payload == b"online",
+                "pv-restart/file1/status" => v["status"] == "streaming",
+                "pv-restart/file1/detections" => v["stream"] == "file1",
+                _ => false,
+            };
+            if wanted {
+                seen.entry(topic).or_insert(retain);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("after the restart only {seen:?}"));
+    // The stream kept streaming, so no status change happened: what the new broker has is
+    // the sink's republished status.
+    assert_eq!(manager.status("file1").await.unwrap().status.name(), "streaming");
+    assert!(
+        sink.stats().connections.load(Ordering::Relaxed) >= 2,
+        "{:?}",
+        sink.stats()
+    );
+    assert!(sink.stats().connection_errors.load(Ordering::Relaxed) >= 1);
+    manager.shutdown().await.unwrap();
+    sink.shut_down().await;
 }
 
 async fn mqtt_wait_for(
@@ -381,8 +431,19 @@ async fn mqtt_over_tls_reaches_a_broker_the_configured_ca_vouches_for_and_no_oth
         serde_json::from_slice::<Value>(p).is_ok_and(|v| v["stream"] == "tls1")
     })
     .await;
-    // Detections have flowed for a while by now; none may have crossed the untrusted link.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Positive evidence that the untrusted sink tried and was refused for the certificate,
+    // twice (so it also retried while detections were flowing).
+    let refused = &sinks[1].stats();
+    eventually(
+        Duration::from_secs(15),
+        "the untrusted sink's TLS refusals",
+        || refused.connection_errors.load(Ordering::Relaxed) >= 2,
+    )
+    .await;
+    let error = refused.last_error().unwrap_or_default();
+    assert!(error.to_lowercase().contains("certificate"), "{error}");
+    assert_eq!(refused.connections.load(Ordering::Relaxed), 0);
+    assert!(sinks[0].stats().connections.load(Ordering::Relaxed) >= 1);
     assert!(
         untrusted_rx.try_recv().is_err(),
         "a sink published through a broker it could not verify"

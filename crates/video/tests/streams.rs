@@ -7,8 +7,8 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use peregrine_video::source::rtsp::RtspTransport;
-use peregrine_video::telemetry::DropReason;
+use peregrine_video::DropReason;
+use peregrine_video::RtspTransport;
 use peregrine_video::{ClockSource, ManagerError, ManagerOptions, StreamManager, StreamStatus};
 use support::{camera, h265_clip, instant_detector, shared_clip, RtspServer};
 

@@ -5,7 +5,7 @@ pub mod ffmpeg;
 pub mod worker;
 
 pub use ffmpeg::{Codec, DecodedPicture, DecoderConfig, VideoDecoder};
-pub use worker::{DecodeInput, DecodeWorker, DecodeWorkerConfig};
+pub use worker::{DecodeWorker, DecodeWorkerConfig};
 
 /// What can go wrong between compressed bytes and an RGB frame.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]

@@ -3,10 +3,10 @@
 //! only the frames the sampler keeps, and puts each into the stream's latest-frame slot.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
 
+use peregrine_types::WallClock;
 use tokio::sync::mpsc::{self, error::TrySendError, Receiver, Sender};
 
 use tokio::time::Instant;
@@ -33,8 +33,12 @@ const MAX_PENDING_TIMESTAMPS: usize = 128;
 /// Messages to a decode thread.
 #[derive(Debug)]
 pub enum DecodeInput {
-    /// (Re)open the decoder: a new connection or new stream parameters.
-    Open(DecoderConfig),
+    /// (Re)open the decoder: a new connection or new stream parameters. `epoch` numbers
+    /// the opens, so the source side can tell pictures of this decoder from older ones.
+    Open {
+        config: DecoderConfig,
+        epoch: u64,
+    },
     Frame(EncodedFrame),
 }
 
@@ -49,6 +53,8 @@ pub struct DecodeWorkerConfig {
     /// without the frames before them. A source read as fast as possible waits instead.
     pub queue: usize,
     pub pool: FramePool,
+    /// Stamps pictures whose access unit's capture time was lost.
+    pub clock: Arc<dyn WallClock>,
 }
 
 /// The source side's handle to a stream's decode thread.
@@ -58,6 +64,10 @@ pub struct DecodeWorker {
     thread: Option<std::thread::JoinHandle<()>>,
     skipping_to_key: bool,
     counters: Arc<StreamCounters>,
+    /// Opens asked for so far.
+    epoch: u64,
+    /// The epoch of the decoder that produced the latest picture (0: none yet).
+    picture_epoch: Arc<AtomicU64>,
 }
 
 impl DecodeWorker {
@@ -69,11 +79,13 @@ impl DecodeWorker {
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let thread_counters = counters.clone();
+        let picture_epoch = Arc::new(AtomicU64::new(0));
+        let thread_picture_epoch = picture_epoch.clone();
         LIVE_DECODE_THREADS.fetch_add(1, Ordering::AcqRel);
         let spawned = std::thread::Builder::new()
             .name(format!("decode-{}", config.stream))
             .spawn(move || {
-                let mut thread = DecodeThread::new(config, slot, thread_counters);
+                let mut thread = DecodeThread::new(config, slot, thread_counters, thread_picture_epoch);
                 thread.run(rx);
                 thread.slot.close();
                 LIVE_DECODE_THREADS.fetch_sub(1, Ordering::AcqRel);
@@ -90,6 +102,8 @@ impl DecodeWorker {
             thread: Some(thread),
             skipping_to_key: false,
             counters,
+            epoch: 0,
+            picture_epoch,
         })
     }
 
@@ -97,9 +111,11 @@ impl DecodeWorker {
     /// lost; the thread drains its queue quickly.
     pub async fn open(&mut self, config: DecoderConfig) -> Result<(), SourceError> {
         let tx = self.tx.as_ref().ok_or(SourceError::DecoderGone)?;
-        tx.send(DecodeInput::Open(config))
+        let epoch = self.epoch + 1;
+        tx.send(DecodeInput::Open { config, epoch })
             .await
             .map_err(|_| SourceError::DecoderGone)?;
+        self.epoch = epoch;
         // A new decoder must start on a key frame.
         self.skipping_to_key = true;
         Ok(())
@@ -141,6 +157,24 @@ impl DecodeWorker {
         }
     }
 
+    /// Opens asked for so far; grows with every [`Self::open`].
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether the decoder of the latest [`Self::open`] has produced a picture: the
+    /// connection that opened it works. Pictures from the frames of earlier connections,
+    /// still queued, do not count.
+    pub fn decoded_since_open(&self) -> bool {
+        self.epoch > 0 && self.picture_epoch.load(Ordering::Acquire) == self.epoch
+    }
+
+    /// What [`Self::decoded_since_open`] reads: the epoch of the latest picture's decoder.
+    #[cfg(test)]
+    pub(crate) fn picture_epoch(&self) -> Arc<AtomicU64> {
+        self.picture_epoch.clone()
+    }
+
     /// Closes the input and waits (on the blocking pool) for the thread to finish.
     pub async fn shut_down(mut self) {
         self.tx = None;
@@ -158,10 +192,18 @@ struct DecodeThread {
     decoder: Option<VideoDecoder>,
     pending: BTreeMap<i64, CaptureTime>,
     next_seq: u64,
+    /// The epoch of the open that made `decoder`.
+    decoder_epoch: u64,
+    picture_epoch: Arc<AtomicU64>,
 }
 
 impl DecodeThread {
-    fn new(config: DecodeWorkerConfig, slot: Arc<LatestSlot<Frame>>, counters: Arc<StreamCounters>) -> Self {
+    fn new(
+        config: DecodeWorkerConfig,
+        slot: Arc<LatestSlot<Frame>>,
+        counters: Arc<StreamCounters>,
+        picture_epoch: Arc<AtomicU64>,
+    ) -> Self {
         Self {
             sampler: FrameSampler::new(config.fps),
             config,
@@ -170,13 +212,18 @@ impl DecodeThread {
             decoder: None,
             pending: BTreeMap::new(),
             next_seq: 0,
+            decoder_epoch: 0,
+            picture_epoch,
         }
     }
 
     fn run(&mut self, mut rx: Receiver<DecodeInput>) {
         while let Some(input) = rx.blocking_recv() {
             match input {
-                DecodeInput::Open(config) => self.open(&config),
+                DecodeInput::Open { config, epoch } => {
+                    self.decoder_epoch = epoch;
+                    self.open(&config);
+                }
                 DecodeInput::Frame(frame) => self.decode(frame),
             }
         }
@@ -211,13 +258,14 @@ impl DecodeThread {
 
     fn picture(&mut self, mut pic: DecodedPicture<'_>) {
         self.counters.decoded();
+        self.picture_epoch.store(self.decoder_epoch, Ordering::Release);
         let seq = self.next_seq;
         self.next_seq += 1;
         // Pictures come out in display order: entries before this one belong to pictures
         // the decoder discarded.
         let mut rest = self.pending.split_off(&pic.pts);
         let capture = rest.remove(&pic.pts).unwrap_or_else(|| CaptureTime {
-            wall: SystemTime::now(),
+            wall: self.config.clock.now(),
             source: ClockSource::LocalReceive,
             received: Instant::now(),
         });

@@ -14,8 +14,15 @@
 //! Queues: the sink's [`SinkQueue`] (drop oldest, `queue` entries), then rumqttc's request
 //! channel (`REQUEST_CHANNEL` entries; the publisher waits on it, so while the broker is
 //! away the drops happen in the sink queue, oldest first).
+//!
+//! After every (re)connection the publisher publishes each running stream's latest status
+//! again: a broker that restarted without persistence has lost the retained ones, and a
+//! subscriber must still find the current value there.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rumqttc::{
@@ -27,7 +34,7 @@ use tokio::task::JoinHandle;
 
 use super::tls::{self, TlsFiles};
 use super::{wire, SinkError, SinkQueue};
-use crate::event::SinkMessage;
+use crate::event::{SinkMessage, StatusChange, StreamStatus};
 use crate::telemetry;
 
 /// Requests rumqttc holds before the publisher waits.
@@ -133,10 +140,35 @@ impl MqttConfig {
     }
 }
 
+/// What a sink's connection to its broker has been through.
+#[derive(Debug, Default)]
+pub struct MqttStats {
+    /// Connections the broker accepted (CONNACKs), reconnections included.
+    pub connections: AtomicU64,
+    /// Connection attempts that failed and connections that broke.
+    pub connection_errors: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl MqttStats {
+    /// The latest connection error, as rumqttc described it.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().ok().and_then(|e| e.clone())
+    }
+
+    fn connection_failed(&self, error: String) {
+        self.connection_errors.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = Some(error);
+        }
+    }
+}
+
 /// A running MQTT sink: feed it through [`MqttSink::queue`].
 #[derive(Debug)]
 pub struct MqttSink {
     queue: SinkQueue,
+    stats: Arc<MqttStats>,
     client: AsyncClient,
     available_topic: String,
     publisher: JoinHandle<()>,
@@ -181,19 +213,27 @@ impl MqttSink {
         let (client, event_loop) = AsyncClient::new(options, REQUEST_CHANNEL);
         let (stop, stop_rx) = watch::channel(false);
         let queue = SinkQueue::new("mqtt", config.queue);
+        let stats = Arc::new(MqttStats::default());
+        let (connected_tx, connected) = watch::channel(0u64);
         let event_loop = tokio::spawn(drive_connection(
             event_loop,
-            client.clone(),
-            config.available_topic(),
+            Connection {
+                client: client.clone(),
+                available_topic: config.available_topic(),
+                stats: stats.clone(),
+                connected: connected_tx,
+            },
             stop_rx,
         ));
         let publisher = tokio::spawn(publish_messages(
             queue.clone(),
             client.clone(),
             config.topic_prefix.clone(),
+            connected,
         ));
         Ok(Self {
             queue,
+            stats,
             client,
             available_topic: config.available_topic(),
             publisher,
@@ -205,6 +245,10 @@ impl MqttSink {
     /// The queue to hand to the stream manager.
     pub fn queue(&self) -> SinkQueue {
         self.queue.clone()
+    }
+
+    pub fn stats(&self) -> &MqttStats {
+        &self.stats
     }
 
     /// Publishes what is queued (for at most a couple of seconds), marks the server
@@ -235,44 +279,101 @@ impl MqttSink {
     }
 }
 
-async fn publish_messages(queue: SinkQueue, client: AsyncClient, prefix: String) {
-    while let Some(message) = queue.pop().await {
-        let sent = match &message {
-            SinkMessage::Detection(event) => {
-                let topic = format!("{prefix}/{}/detections", event.stream);
-                client
-                    .publish(topic, QoS::AtMostOnce, false, wire::event_json(event))
-                    .await
+/// Publishes the queue's messages; after every connection, each stream's latest status
+/// again (see the module's notes). `connected` counts connections.
+async fn publish_messages(
+    queue: SinkQueue,
+    client: AsyncClient,
+    prefix: String,
+    mut connected: watch::Receiver<u64>,
+) {
+    // One entry per stream that has not stopped: bounded by the running streams.
+    let mut statuses: BTreeMap<Arc<str>, StatusChange> = BTreeMap::new();
+    let mut connection_alive = true;
+    loop {
+        let sent = tokio::select! {
+            message = queue.pop() => {
+                let Some(message) = message else { return };
+                if let SinkMessage::Status(change) = &message {
+                    if matches!(change.status, StreamStatus::Stopped { .. }) {
+                        statuses.remove(&change.stream);
+                    } else {
+                        statuses.insert(change.stream.clone(), change.clone());
+                    }
+                }
+                publish(&client, &prefix, &message).await
             }
-            SinkMessage::Status(change) => {
-                let topic = format!("{prefix}/{}/status", change.stream);
-                client
-                    .publish(topic, QoS::AtLeastOnce, true, wire::status_json(change))
-                    .await
+            changed = connected.changed(), if connection_alive => {
+                connection_alive = changed.is_ok();
+                let mut sent = Ok(());
+                for change in statuses.values() {
+                    sent = sent.and(publish(&client, &prefix, &SinkMessage::Status(change.clone())).await);
+                }
+                sent
             }
         };
-        match sent {
-            Ok(()) => telemetry::sink_delivered("mqtt"),
-            // Only a closed event loop fails here; nothing more can be sent.
-            Err(_) => return,
+        // Only a closed event loop fails here; nothing more can be sent.
+        if sent.is_err() {
+            return;
         }
     }
+}
+
+async fn publish(
+    client: &AsyncClient,
+    prefix: &str,
+    message: &SinkMessage,
+) -> Result<(), rumqttc::ClientError> {
+    let sent = match message {
+        SinkMessage::Detection(event) => {
+            let topic = format!("{prefix}/{}/detections", event.stream);
+            client
+                .publish(topic, QoS::AtMostOnce, false, wire::event_json(event))
+                .await
+        }
+        SinkMessage::Status(change) => {
+            let topic = format!("{prefix}/{}/status", change.stream);
+            client
+                .publish(topic, QoS::AtLeastOnce, true, wire::status_json(change))
+                .await
+        }
+    };
+    if sent.is_ok() {
+        telemetry::sink_delivered("mqtt");
+    }
+    sent
+}
+
+/// The event loop's side of the sink.
+struct Connection {
+    client: AsyncClient,
+    available_topic: String,
+    stats: Arc<MqttStats>,
+    /// Bumped on every CONNACK.
+    connected: watch::Sender<u64>,
 }
 
 /// Polls rumqttc's event loop, which also reconnects; announces `online` on each connect.
 async fn drive_connection(
     mut event_loop: rumqttc::EventLoop,
-    client: AsyncClient,
-    available_topic: String,
+    connection: Connection,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Connection {
+        client,
+        available_topic,
+        stats,
+        connected,
+    } = connection;
     let mut reported_failure = false;
     loop {
         match event_loop.poll().await {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
                 reported_failure = false;
+                stats.connections.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(topic = %available_topic, "connected to the MQTT broker");
                 let _ = client.try_publish(&available_topic, QoS::AtLeastOnce, true, "online");
+                connected.send_modify(|n| *n += 1);
             }
             Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
             Ok(_) => {}
@@ -280,6 +381,7 @@ async fn drive_connection(
                 if *stop.borrow() {
                     return;
                 }
+                stats.connection_failed(e.to_string());
                 if !reported_failure {
                     tracing::warn!(error = %e, "MQTT broker unreachable; retrying every second");
                     reported_failure = true;

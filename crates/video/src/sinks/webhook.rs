@@ -220,7 +220,7 @@ impl Delivery {
                 return;
             }
             self.stats.retried.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(backoff.next_delay(Duration::ZERO, rand::random::<f64>())).await;
+            tokio::time::sleep(backoff.after_failure(rand::random::<f64>())).await;
         }
     }
 

@@ -34,8 +34,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::event::{DetectionEvent, StatusChange};
-use crate::supervisor::StreamStatus;
+use crate::event::{DetectionEvent, StatusChange, StreamStatus};
 
 pub const SCHEMA_VERSION: u32 = 1;
 

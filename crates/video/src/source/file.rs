@@ -4,10 +4,11 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
+use peregrine_types::WallClock;
 use re_mp4::{Mp4, StsdBoxContent, TrackKind};
 use tokio::time::Instant;
 
@@ -36,6 +37,8 @@ pub struct FileOpener {
     pub pacing: Pacing,
     /// FFmpeg frame threads for the stream's decoder.
     pub decode_threads: usize,
+    /// Frames are stamped with their release time on this clock.
+    pub clock: Arc<dyn WallClock>,
 }
 
 impl Opener for FileOpener {
@@ -53,6 +56,7 @@ impl Opener for FileOpener {
                 clip: Arc::new(clip),
                 looped: this.looped,
                 pacing: this.pacing,
+                clock: this.clock.clone(),
                 next: 0,
                 loops: 0,
                 started: Instant::now(),
@@ -179,6 +183,7 @@ struct FileSource {
     clip: Arc<Clip>,
     looped: bool,
     pacing: Pacing,
+    clock: Arc<dyn WallClock>,
     /// Index of the next sample in the current pass.
     next: usize,
     loops: i64,
@@ -215,7 +220,7 @@ impl Source for FileSource {
                 data: self.clip.data.slice(sample.range.clone()),
                 pts_90k: offset.saturating_add(sample.pts_90k),
                 capture: CaptureTime {
-                    wall: SystemTime::now(),
+                    wall: self.clock.now(),
                     source: ClockSource::LocalReceive,
                     received: Instant::now(),
                 },
@@ -272,6 +277,7 @@ mod tests {
             looped: true,
             pacing: Pacing::Realtime,
             decode_threads: 1,
+            clock: Arc::new(peregrine_types::SystemWallClock),
         };
         let mut source = opener.open().await.unwrap();
         let started = Instant::now();

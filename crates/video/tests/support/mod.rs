@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use peregrine_types::{BBox, ClassNames, Detection};
-use peregrine_video::source::rtsp::RtspTransport;
+use peregrine_video::RtspTransport;
 use peregrine_video::{DetectError, Frame, FrameDetector, StreamConfig};
 
 pub fn repo_root() -> PathBuf {
@@ -154,6 +154,7 @@ pub struct Mosquitto {
     child: Child,
     pub port: u16,
     pub tls_port: Option<u16>,
+    conf: PathBuf,
     _dir: TempDir,
 }
 
@@ -182,15 +183,27 @@ impl Mosquitto {
             tls_port
         });
         std::fs::write(&conf, text).expect("write mosquitto.conf");
+        let child = Self::spawn(&conf, std::iter::once(port).chain(tls_port));
+        Self {
+            child,
+            port,
+            tls_port,
+            conf,
+            _dir: dir,
+        }
+    }
+
+    /// Starts mosquitto with `conf` and waits (polling, bounded) until it listens on `ports`.
+    fn spawn(conf: &std::path::Path, ports: impl Iterator<Item = u16>) -> Child {
         let child = Command::new(mosquitto_binary())
             .arg("-c")
-            .arg(&conf)
+            .arg(conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start mosquitto (run make setup and scripts/setup-test.sh)");
         let started = std::time::Instant::now();
-        for p in std::iter::once(port).chain(tls_port) {
+        for p in ports {
             while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
                 assert!(
                     started.elapsed() < Duration::from_secs(20),
@@ -199,12 +212,15 @@ impl Mosquitto {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        Self {
-            child,
-            port,
-            tls_port,
-            _dir: dir,
-        }
+        child
+    }
+
+    /// Kills the broker (abruptly: no retained message survives, as persistence is off)
+    /// and starts a fresh one on the same ports.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(&self.conf, std::iter::once(self.port).chain(self.tls_port));
     }
 }
 
@@ -292,13 +308,17 @@ pub fn os_threads() -> u64 {
     proc_status("Threads:")
 }
 
+/// A number from /proc/self/status; panics if it cannot be read, so that a check built on
+/// it can never pass by reading zero.
 fn proc_status(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
+    let status = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_else(|e| panic!("cannot read /proc/self/status for {key}: {e}"));
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("/proc/self/status has no {key} line"));
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("unreadable {key} line in /proc/self/status: {line:?}"))
 }
