@@ -13,7 +13,7 @@ use peregrine_vision::{
 use crate::EngineError;
 
 /// Choices made when a detector is built.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DetectorConfig {
     /// Input (height, width) for models with dynamic spatial dimensions; `None` uses the
     /// model's metadata, then 640x640.
