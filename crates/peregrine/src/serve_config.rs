@@ -310,6 +310,7 @@ impl ServeArgs {
             model_name,
             model_repository,
             default_model,
+            stream_model,
             imgsz,
             ort_lib,
             spin_wait
@@ -434,6 +435,15 @@ mod tests {
             (9000, 8, 2, "0.0.0.0")
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_stream_model_flag_is_applied() {
+        let args = ServeArgs {
+            stream_model: Some("det".into()),
+            ..Default::default()
+        };
+        assert_eq!(args.resolve().unwrap().stream_model.as_deref(), Some("det"));
     }
 
     #[test]
