@@ -2,8 +2,8 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use peregrine_engine::registry::{LookupError, RegistryError, StoreError};
 use peregrine_engine::RequestError;
+use peregrine_registry::{LookupError, RegistryError, StoreError};
 use peregrine_types::ParamsError;
 use peregrine_video::ManagerError;
 use peregrine_vision::DecodeError;

@@ -37,8 +37,8 @@ use std::time::Duration;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use peregrine_engine::registry::{LookupError, ModelRegistry};
 use peregrine_engine::{telemetry, Engine};
+use peregrine_registry::{LookupError, ModelRegistry};
 
 pub use error::ApiError;
 pub use wire::DetectionJson;

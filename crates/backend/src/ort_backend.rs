@@ -59,12 +59,10 @@ pub struct TensorRtOptions {
     pub engine_cache: Option<PathBuf>,
     /// Directory for TensorRT's timing cache.
     pub timing_cache: Option<PathBuf>,
-    /// Shape profile as `input:NxCxHxW` strings (min, opt, max) for dynamic inputs.
-    pub profile: Option<(String, String, String)>,
 }
 
 /// How one ONNX Runtime session is built.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionConfig {
     /// Threads for one operator; 0 lets ONNX Runtime choose (one per physical core).
     pub intra_threads: usize,
@@ -264,12 +262,6 @@ fn provider_dispatch(provider: &ExecutionProvider) -> Option<ort::ep::ExecutionP
             }
             if let Some(dir) = &o.timing_cache {
                 trt = trt.with_timing_cache(true).with_timing_cache_path(dir.display());
-            }
-            if let Some((min, opt, max)) = &o.profile {
-                trt = trt
-                    .with_profile_min_shapes(min)
-                    .with_profile_opt_shapes(opt)
-                    .with_profile_max_shapes(max);
             }
             Some(trt.build())
         }

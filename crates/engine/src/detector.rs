@@ -14,7 +14,7 @@ use crate::slot::{Slot, SlotOutput};
 use crate::EngineError;
 
 /// Choices made when a detector is built.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DetectorConfig {
     /// Input (height, width) for models with dynamic spatial dimensions; `None` uses the
     /// model's metadata, then 640x640.

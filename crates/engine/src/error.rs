@@ -16,8 +16,6 @@ pub enum EngineError {
     CanvasSize { got: usize, want: usize },
     #[error("an input tensor has {got} bytes; one image of the model input needs {want}")]
     TensorSize { got: usize, want: usize },
-    #[error("the graph rewrite does not fit this model: {0} (graph_rewrite = \"off\" runs it as exported)")]
-    Rewrite(#[from] peregrine_onnx::RewriteError),
     #[error("the model did not warm up: {0}")]
     WarmUp(String),
     #[error("could not start a model thread: {0}")]

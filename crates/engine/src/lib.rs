@@ -1,4 +1,4 @@
-//! Running detection models.
+//! Running one detection model version.
 //!
 //! [`Detector`] is the synchronous pipeline for one model instance: letterbox a batch of
 //! images into a reused input buffer, run the [`peregrine_backend::Backend`], decode and
@@ -11,20 +11,18 @@
 //! dedicated OS threads (never on a tokio worker). [`telemetry`] names every metric and
 //! [`stats`] keeps Triton-style counters per engine.
 //!
-//! [`registry::ModelRegistry`] holds every model and version being served, loads new
-//! versions beside the serving ones and swaps them in atomically, and unloads them once
-//! their requests are answered.
+//! The engine knows one model version and the [`peregrine_backend::Backend`] trait only:
+//! which models are served, where their weights come from and how a graph is prepared for
+//! a session is the `peregrine-registry` crate's business.
 
 mod detector;
 mod error;
-#[cfg(test)]
-mod fake;
-pub mod graph;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fake;
 mod instance;
 mod preprocess;
 pub mod queue;
 mod queue_task;
-pub mod registry;
 mod request;
 mod service;
 mod shared;
@@ -32,7 +30,7 @@ mod slot;
 pub mod stats;
 pub mod telemetry;
 
-pub use detector::{Detector, DetectorConfig, StageTimings};
+pub use detector::{run_sizes, Detector, DetectorConfig, StageTimings};
 pub use error::EngineError;
 pub use instance::live_instances;
 pub use queue::BatchPolicy;

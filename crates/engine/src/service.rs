@@ -35,7 +35,7 @@ use crate::stats::StatsSnapshot;
 use crate::{instance, telemetry, EngineError};
 
 /// How an engine runs one model version.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     /// Name clients use for the model.
     pub name: String,
@@ -58,6 +58,29 @@ pub struct EngineConfig {
     pub shed_on_backlog: bool,
     /// Thresholds for requests that set none.
     pub defaults: DetectParams,
+}
+
+impl Default for EngineConfig {
+    /// What a model gets unless the server's flags or its own config say otherwise.
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            version: String::new(),
+            instances: 1,
+            policy: BatchPolicy {
+                max_batch: 4,
+                max_delay: Duration::ZERO,
+                preferred: Vec::new(),
+                capacity: 64,
+            },
+            max_in_flight: 128,
+            preprocess_threads: 2,
+            decode_limits: DecodeLimits::default(),
+            jpeg_dct_scaling: false,
+            shed_on_backlog: true,
+            defaults: DetectParams::default(),
+        }
+    }
 }
 
 /// A request's claim on capacity. Keep it until the response is sent.

@@ -1,9 +1,8 @@
 //! Loading the detection model: a file given by the user, or the one built into the binary.
 
 use anyhow::{Context, Result};
-use peregrine_backend::{BackendError, ExecutionProvider, OrtBackend, SessionConfig};
-use peregrine_engine::graph::{fixed_shape_weights, rewritten_weights};
-use peregrine_engine::{Detector, DetectorConfig};
+use peregrine_engine::Detector;
+use peregrine_registry::{build_detector, ModelSettings};
 use peregrine_types::{ClassNames, DetectParams, ParamsError};
 
 use crate::cli::{ModelArgs, ThresholdArgs};
@@ -13,37 +12,15 @@ use crate::cli::{ModelArgs, ThresholdArgs};
 pub static EMBEDDED_MODEL: &[u8] =
     include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/yolo11n.onnx"));
 
-/// Builds a session from `model` with the configured provider, falling back to the CPU
-/// only when `fallback` says so (and saying so in the log).
-pub fn load_backend(
-    model: &[u8],
-    session: &SessionConfig,
-    fallback: bool,
-) -> Result<OrtBackend, BackendError> {
-    OrtBackend::from_bytes_or_cpu(model, session, fallback)
-}
-
-/// Loads the model the arguments name into a ready detector. With `fixed_batch`, the
-/// graph's input shape is fixed at that many images (see
-/// `peregrine_engine::graph::fixed_shape_weights`), and the detector runs only that size.
+/// Loads the model the arguments name into a ready detector, by the registry's recipe
+/// (the server's). With `fixed_batch`, the graph's input shape is fixed at that many
+/// images (see `peregrine_registry::graph::fixed_shape_weights`), and the detector runs
+/// only that size.
 pub fn load_detector(args: &ModelArgs, max_batch: usize, fixed_batch: Option<usize>) -> Result<Detector> {
     anyhow::ensure!(
         !args.provider.gpu_jpeg_decode,
         "--gpu-jpeg-decode applies to `peregrine serve`; this command decodes its images on the CPU"
     );
-    let provider = args.provider.provider();
-    let on_gpu = provider != ExecutionProvider::Cpu;
-    let session = SessionConfig {
-        intra_threads: args.threads,
-        runtime_path: args.ort_lib.clone(),
-        provider,
-        pinned_input: args.provider.pinned_input,
-        device_io: args.provider.device_io,
-        gpu_jpeg_decode: args.provider.gpu_jpeg_decode,
-        profile: args.ort_profile.clone(),
-        ..Default::default()
-    };
-    let fallback = args.provider.provider_fallback;
     let (bytes, what): (std::borrow::Cow<'_, [u8]>, String) = match &args.model {
         Some(path) => (
             std::fs::read(path)
@@ -53,22 +30,22 @@ pub fn load_detector(args: &ModelArgs, max_batch: usize, fixed_batch: Option<usi
         ),
         None => (EMBEDDED_MODEL.into(), "the embedded model".into()),
     };
-    let rewritten = rewritten_weights(&bytes, args.provider.graph_rewrite, args.provider.top_k, on_gpu)
-        .with_context(|| format!("loading {what}"))?;
-    let weights = rewritten.as_deref().unwrap_or(&bytes);
-    let fixed = fixed_batch
-        .map(|n| fixed_shape_weights(weights, &[n], args.imgsz))
-        .transpose()
-        .with_context(|| format!("fixing the input shape of {what}"))?
-        .and_then(|mut one| one.pop());
-    let backend = load_backend(fixed.as_deref().unwrap_or(weights), &session, fallback)
-        .with_context(|| format!("loading {what}"))?;
-    let config = DetectorConfig {
-        imgsz: args.imgsz,
-        max_batch,
-        run_sizes: vec![],
-    };
-    Ok(Detector::new(Box::new(backend), &config)?)
+    build_detector(&bytes, &model_settings(args, max_batch, fixed_batch))
+        .with_context(|| format!("loading {what}"))
+}
+
+/// The settings the flags call for: one detector of at most `max_batch` images per run,
+/// with no engine around it.
+fn model_settings(args: &ModelArgs, max_batch: usize, fixed_batch: Option<usize>) -> ModelSettings {
+    let mut settings = ModelSettings::default();
+    args.provider.apply_to(&mut settings);
+    settings.session.intra_threads = args.threads;
+    settings.session.runtime_path = args.ort_lib.clone();
+    settings.session.profile = args.ort_profile.clone();
+    settings.engine.policy.max_batch = max_batch;
+    settings.detector.imgsz = args.imgsz;
+    settings.fixed_batch = fixed_batch;
+    settings
 }
 
 /// Builds validated detection parameters, resolving class names against the model's.

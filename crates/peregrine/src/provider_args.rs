@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use peregrine_backend::{CudaOptions, ExecutionProvider, TensorRtOptions};
-use peregrine_engine::graph::GraphRewrite;
+use peregrine_registry::{GraphRewrite, ModelSettings};
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq, Default)]
 pub enum ProviderKind {
@@ -102,7 +102,7 @@ impl Default for ProviderArgs {
 
 /// The rewrite's default row count, named once.
 fn peregrine_onnx_top_k() -> usize {
-    peregrine_engine::registry::ModelSettings::default().top_k
+    ModelSettings::default().top_k
 }
 
 impl ProviderArgs {
@@ -123,8 +123,20 @@ impl ProviderArgs {
                 int8_calibration_table: self.trt_int8_calibration_table.clone(),
                 engine_cache: self.trt_engine_cache.clone(),
                 timing_cache: self.trt_timing_cache.clone(),
-                profile: None,
             }),
         }
+    }
+
+    /// Sets what these flags decide in a model's settings: the provider and its session
+    /// options, and the graph rewrite.
+    pub fn apply_to(&self, settings: &mut ModelSettings) {
+        let session = &mut settings.session;
+        session.provider = self.provider();
+        session.pinned_input = self.pinned_input;
+        session.device_io = self.device_io;
+        session.gpu_jpeg_decode = self.gpu_jpeg_decode;
+        settings.provider_fallback = self.provider_fallback;
+        settings.graph_rewrite = self.graph_rewrite;
+        settings.top_k = self.top_k;
     }
 }

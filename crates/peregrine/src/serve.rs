@@ -8,14 +8,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use peregrine_api::drain::Drain;
 use peregrine_api::{ApiConfig, AppState};
-use peregrine_engine::registry::{
-    FixedModel, ModelConfigFile, ModelRegistry, ModelSettings, ModelSource, OrtLoader, RegistryConfig,
-    Startup, Weights,
+use peregrine_registry::{
+    FixedModel, ModelConfigFile, ModelRegistry, ModelSource, OrtLoader, RegistryConfig, Startup, Weights,
 };
-use peregrine_engine::BatchPolicy;
 use peregrine_video::ConfiguredSinks;
 use peregrine_video::{ManagerOptions, StreamManager, VideoConfig};
-use peregrine_vision::DecodeLimits;
 use tokio::sync::watch;
 
 use crate::video::EngineFrames;
@@ -63,41 +60,6 @@ pub(crate) fn keep_large_allocations_out_of_the_heap(threshold: usize) {
     }
 }
 
-/// What every model gets unless its own config.toml says otherwise.
-fn model_defaults(s: &ServeSettings) -> ModelSettings {
-    ModelSettings {
-        instances: s.instances,
-        threads: s.threads,
-        spin_wait: s.spin_wait,
-        policy: BatchPolicy {
-            max_batch: s.max_batch,
-            max_delay: Duration::from_micros(s.max_queue_delay_us),
-            preferred: s.preferred_batch_sizes.clone(),
-            capacity: s.queue_capacity,
-        },
-        max_in_flight: s.max_in_flight,
-        preprocess_threads: s.preprocess_threads,
-        jpeg_dct_scaling: s.jpeg_dct_scaling,
-        decode_limits: DecodeLimits {
-            max_pixels: s.max_pixels,
-        },
-        shed_on_backlog: s.shed_on_backlog,
-        imgsz: s.imgsz,
-        provider: s.provider.provider(),
-        provider_fallback: s.provider.provider_fallback,
-        pinned_input: s.provider.pinned_input,
-        device_io: s.provider.device_io,
-        gpu_jpeg_decode: s.provider.gpu_jpeg_decode,
-        graph_rewrite: s.provider.graph_rewrite,
-        top_k: s.provider.top_k,
-        padded_batch_sizes: s.padded_batch_sizes.clone(),
-        session_per_batch_size: s.session_per_batch_size,
-        fixed_input_shapes: s.fixed_input_shapes,
-        runtime_path: s.ort_lib.clone(),
-        ..ModelSettings::default()
-    }
-}
-
 fn registry_config(s: &ServeSettings) -> RegistryConfig {
     let source = match &s.model_repository {
         Some(dir) => ModelSource::Directory(dir.clone()),
@@ -113,7 +75,7 @@ fn registry_config(s: &ServeSettings) -> RegistryConfig {
     };
     RegistryConfig {
         source,
-        defaults: model_defaults(s),
+        defaults: s.model_defaults(),
         poll_interval: (s.repository_poll_secs > 0).then(|| Duration::from_secs(s.repository_poll_secs)),
         startup: if s.load_model.is_empty() {
             Startup::All

@@ -1,9 +1,13 @@
 //! `peregrine serve` settings: defaults, the optional TOML file, then flags and env vars.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use peregrine_engine::BatchPolicy;
+use peregrine_registry::ModelSettings;
+use peregrine_vision::DecodeLimits;
 use serde::Deserialize;
 
 /// Every serve setting, as the config file spells it. Missing keys take the defaults.
@@ -58,7 +62,11 @@ pub struct ServeSettings {
 }
 
 impl Default for ServeSettings {
+    /// A model's defaults are the registry's (`ModelSettings::default`), except where the
+    /// server knows better.
     fn default() -> Self {
+        let model = ModelSettings::default();
+        let engine = &model.engine;
         Self {
             host: "0.0.0.0".into(),
             port: 8080,
@@ -71,31 +79,31 @@ impl Default for ServeSettings {
             repository_poll_secs: 0,
             load_model: Vec::new(),
             default_model: None,
-            imgsz: None,
-            instances: 1,
-            threads: 0,
+            imgsz: model.detector.imgsz,
+            instances: engine.instances,
+            threads: model.session.intra_threads,
             // Measured on the 2-core VM (docs/benchmarks.md): with decoding on the same cores,
             // sleeping idle threads beat spinning ones.
             spin_wait: Some(false),
-            max_batch: 4,
-            max_queue_delay_us: 0,
-            preferred_batch_sizes: Vec::new(),
-            padded_batch_sizes: Vec::new(),
-            session_per_batch_size: false,
-            fixed_input_shapes: true,
-            queue_capacity: 64,
-            max_in_flight: 128,
+            max_batch: engine.policy.max_batch,
+            max_queue_delay_us: u64::try_from(engine.policy.max_delay.as_micros()).unwrap_or(u64::MAX),
+            preferred_batch_sizes: engine.policy.preferred.clone(),
+            padded_batch_sizes: model.detector.run_sizes.clone(),
+            session_per_batch_size: model.session_per_batch_size,
+            fixed_input_shapes: model.fixed_input_shapes,
+            queue_capacity: engine.policy.capacity,
+            max_in_flight: engine.max_in_flight,
             preprocess_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             request_timeout_ms: 10_000,
             max_request_timeout_ms: 60_000,
             max_body_bytes: 32 << 20,
             body_timeout_ms: 30_000,
-            max_pixels: 50_000_000,
-            jpeg_dct_scaling: false,
-            shed_on_backlog: true,
+            max_pixels: engine.decode_limits.max_pixels,
+            jpeg_dct_scaling: engine.jpeg_dct_scaling,
+            shed_on_backlog: engine.shed_on_backlog,
             shutdown_timeout_s: 30,
             malloc_mmap_threshold: 1 << 20,
-            ort_lib: None,
+            ort_lib: model.session.runtime_path.clone(),
             stream_model: None,
             streams: Vec::new(),
             mqtt: None,
@@ -302,6 +310,7 @@ impl ServeArgs {
             model_name,
             model_repository,
             default_model,
+            stream_model,
             imgsz,
             ort_lib,
             spin_wait
@@ -348,6 +357,35 @@ impl ServeSettings {
             anyhow::bail!("preferred batch size {p} is outside 1..={}", self.max_batch);
         }
         Ok(())
+    }
+
+    /// What every model gets unless its own config.toml says otherwise.
+    pub fn model_defaults(&self) -> ModelSettings {
+        let mut m = ModelSettings::default();
+        let engine = &mut m.engine;
+        engine.instances = self.instances;
+        engine.policy = BatchPolicy {
+            max_batch: self.max_batch,
+            max_delay: Duration::from_micros(self.max_queue_delay_us),
+            preferred: self.preferred_batch_sizes.clone(),
+            capacity: self.queue_capacity,
+        };
+        engine.max_in_flight = self.max_in_flight;
+        engine.preprocess_threads = self.preprocess_threads;
+        engine.decode_limits = DecodeLimits {
+            max_pixels: self.max_pixels,
+        };
+        engine.jpeg_dct_scaling = self.jpeg_dct_scaling;
+        engine.shed_on_backlog = self.shed_on_backlog;
+        m.session.intra_threads = self.threads;
+        m.session.intra_op_spinning = self.spin_wait;
+        m.session.runtime_path = self.ort_lib.clone();
+        m.detector.imgsz = self.imgsz;
+        m.detector.run_sizes = self.padded_batch_sizes.clone();
+        m.session_per_batch_size = self.session_per_batch_size;
+        m.fixed_input_shapes = self.fixed_input_shapes;
+        self.provider.apply_to(&mut m);
+        m
     }
 
     /// The name the model is served under.
@@ -397,6 +435,15 @@ mod tests {
             (9000, 8, 2, "0.0.0.0")
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_stream_model_flag_is_applied() {
+        let args = ServeArgs {
+            stream_model: Some("det".into()),
+            ..Default::default()
+        };
+        assert_eq!(args.resolve().unwrap().stream_model.as_deref(), Some("det"));
     }
 
     #[test]

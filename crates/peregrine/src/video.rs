@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use futures_util::future::BoxFuture;
-use peregrine_engine::registry::ModelRegistry;
 use peregrine_engine::{Engine, RequestError};
+use peregrine_registry::ModelRegistry;
 use peregrine_types::{ClassNames, Detection};
 use peregrine_video::{DetectError, Frame, FrameDetector};
 

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use peregrine_engine::registry::{IndexEntry, VersionPolicy};
 use peregrine_engine::stats::StageTotal;
 use peregrine_engine::Engine;
+use peregrine_registry::{IndexEntry, VersionPolicy};
 
 use super::proto;
 use crate::kserve::describe::{batched_shape, parameters};
@@ -49,7 +49,7 @@ pub fn config(info: &FaceInfo) -> proto::ModelConfig {
         }),
     };
     let (_, kind, gpus) = info.instance_kind();
-    let batching = &info.settings.policy;
+    let batching = &info.settings.engine.policy;
     proto::ModelConfig {
         name: info.name.clone(),
         platform: info.platform().into(),
@@ -94,7 +94,7 @@ pub fn config(info: &FaceInfo) -> proto::ModelConfig {
         instance_group: vec![proto::ModelInstanceGroup {
             name: info.name.clone(),
             kind,
-            count: info.settings.instances as i32,
+            count: info.settings.engine.instances as i32,
             gpus,
             ..Default::default()
         }],

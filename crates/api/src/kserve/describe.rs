@@ -2,8 +2,8 @@
 //! JSON Triton's clients and perf_analyzer parse). The gRPC service builds the same
 //! content as protobuf from the same [`FaceInfo`].
 
-use peregrine_engine::registry::VersionPolicy;
 use peregrine_engine::{Engine, StatsSnapshot};
+use peregrine_registry::VersionPolicy;
 use serde_json::{json, Value};
 
 use super::face::{Face, FaceInfo, TensorSpec};
@@ -46,7 +46,7 @@ pub fn parameters(info: &FaceInfo) -> Vec<(String, String)> {
     if info.face == Face::Tensor {
         return Vec::new();
     }
-    let d = &info.settings.defaults;
+    let d = &info.settings.engine.defaults;
     vec![
         ("conf".into(), d.conf.to_string()),
         ("iou".into(), d.iou.to_string()),
@@ -87,7 +87,7 @@ pub fn config(info: &FaceInfo) -> Value {
             })
         })
         .collect();
-    let batching = &info.settings.policy;
+    let batching = &info.settings.engine.policy;
     let (kind, _, gpus) = info.instance_kind();
     let params: serde_json::Map<String, Value> = parameters(info)
         .into_iter()
@@ -120,7 +120,7 @@ pub fn config(info: &FaceInfo) -> Value {
             "priority_queue_policy": {},
         },
         "instance_group": [{
-            "name": info.name, "kind": kind, "count": info.settings.instances, "gpus": gpus,
+            "name": info.name, "kind": kind, "count": info.settings.engine.instances, "gpus": gpus,
             "secondary_devices": [], "profile": [], "passive": false, "host_policy": "",
         }],
         "default_model_filename": info.settings.model_file,

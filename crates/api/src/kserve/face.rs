@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use peregrine_engine::registry::{LookupError, ModelSettings, ModelView, RegistrySnapshot, VersionPolicy};
 use peregrine_engine::Engine;
+use peregrine_registry::{LookupError, ModelSettings, ModelView, RegistrySnapshot, VersionPolicy};
 use peregrine_types::Dim;
 use peregrine_vision::InputForm;
 

@@ -22,7 +22,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use peregrine_engine::registry::{IndexEntry, VersionState};
+use peregrine_registry::{IndexEntry, VersionState};
 use serde_json::{json, Value};
 
 use crate::body::read_body;

@@ -1,5 +1,6 @@
 //! The model registry: every model the server serves, each with its loaded versions,
-//! and the lifecycle around them (load, hot reload, unload, repository polling).
+//! and the lifecycle around them (load, hot reload, unload, repository polling), plus the
+//! recipe that turns a version's weights into a running detector.
 //!
 //! One owner task (`owner`) holds the registry's state and does all loading; everyone
 //! else holds a [`ModelRegistry`] handle. Readers never wait for the owner: each change is
@@ -8,11 +9,19 @@
 //! only then published; requests that already hold the old engine finish on it, and the
 //! old engine stops by itself once the last of them is answered.
 //!
-//! - `settings`: server defaults overlaid with a model's `config.toml`, version policies.
-//! - `store`: the repository directory (or models given directly) and change detection.
+//! - [`settings`]: server defaults overlaid with a model's `config.toml`, version policies;
+//!   [`ModelSettings`] nests the engine's, the session's and the detector's configs.
+//! - [`store`]: the repository directory (or models given directly) and change detection.
 //! - `plan`: the pure decisions of a sync (load, keep, retire), unit-tested.
+//! - [`graph`]: the load-time graph rewrite and input-shape fixing (`peregrine-onnx`).
+//! - `build`: [`build_detector`], the one recipe from weights to a [`Detector`] (rewrite,
+//!   fix shapes, sessions, detector), used by the loader and by the CLI.
 //! - `loader`: [`EngineLoader`], how a version's bytes become a running [`Engine`].
+//!
+//! [`Detector`]: peregrine_engine::Detector
 
+mod build;
+pub mod graph;
 mod loader;
 mod owner;
 mod plan;
@@ -26,11 +35,13 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::{mpsc, oneshot, watch};
 
-pub use loader::{EngineLoader, OrtLoader};
+pub use build::{build_detector, LoadError, PreparedModel};
+pub use graph::GraphRewrite;
+pub use loader::{engine_config, EngineLoader, OrtLoader};
 pub use settings::{ModelConfigFile, ModelSettings, ProviderFile, SettingsError, VersionPolicy};
 pub use store::{FixedModel, ModelSource, StoreError, Weights};
 
-use crate::Engine;
+use peregrine_engine::Engine;
 
 /// A version's state, in the terms of Triton's repository index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use super::{
     Command, EngineLoader, LoadReport, ModelView, RegistryConfig, RegistryError, RegistrySnapshot, Startup,
     VersionState, VersionView,
 };
-use crate::{Engine, WeakEngine};
+use peregrine_engine::{Engine, WeakEngine};
 
 struct Loaded {
     origin: Origin,

@@ -7,12 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use peregrine_backend::BackendError;
+use peregrine_engine::fake::{png, SlowBackend};
+use peregrine_engine::{Detector, DetectorConfig, EngineError};
 use peregrine_types::DetectParams;
 
-use super::loader::engine_config;
 use super::*;
-use crate::fake::{png, SlowBackend};
-use crate::{Detector, DetectorConfig, EngineError};
 
 /// Weights are text: `ok` (a working model), `corrupt` (fails to load), `cold` (loads
 /// but fails its warm-up).
@@ -27,15 +26,15 @@ impl EngineLoader for FakeLoader {
         version: u64,
         weights: &[u8],
         settings: &ModelSettings,
-    ) -> Result<Engine, EngineError> {
+    ) -> Result<Engine, LoadError> {
         self.loads.fetch_add(1, Ordering::Relaxed);
         let text = std::str::from_utf8(weights).unwrap_or("").trim().to_string();
         if text == "corrupt" {
-            return Err(EngineError::Backend(BackendError::ModelLoad(
-                "Protobuf parsing failed".into(),
-            )));
+            return Err(
+                EngineError::Backend(BackendError::ModelLoad("Protobuf parsing failed".into())).into(),
+            );
         }
-        let max_batch = settings.policy.max_batch;
+        let max_batch = settings.engine.policy.max_batch;
         let factory = move || -> Result<Detector, EngineError> {
             let mut backend = SlowBackend::new(Duration::from_millis(2), Arc::new(Mutex::new(Vec::new())));
             if text == "cold" {
@@ -50,7 +49,7 @@ impl EngineLoader for FakeLoader {
                 },
             )
         };
-        Engine::start(engine_config(name, version, settings), factory)
+        Ok(Engine::start(engine_config(name, version, settings), factory)?)
     }
 }
 

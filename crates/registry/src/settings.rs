@@ -4,13 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use peregrine_backend::{CudaOptions, ExecutionProvider, TensorRtOptions};
-use peregrine_types::DetectParams;
-use peregrine_vision::DecodeLimits;
+use peregrine_backend::{CudaOptions, ExecutionProvider, SessionConfig, TensorRtOptions};
+use peregrine_engine::{DetectorConfig, EngineConfig};
 use serde::Deserialize;
 
 use crate::graph::GraphRewrite;
-use crate::queue::BatchPolicy;
 
 /// Which of the versions on disk are served.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -44,52 +42,37 @@ impl VersionPolicy {
     }
 }
 
-/// Everything needed to serve one model, besides its weights.
+/// Everything needed to serve one model, besides its weights: the configurations of the
+/// crates that run it, nested as they are (a new engine, session or detector setting is
+/// added to its own crate's config and to the files that set it, never copied here), and
+/// the registry's own choices around them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSettings {
-    /// ONNX Runtime sessions per version, each on its own thread.
-    pub instances: usize,
-    /// ONNX Runtime intra-op threads per session (0: one per core).
-    pub threads: usize,
-    /// Whether idle intra-op threads spin; `None` keeps ONNX Runtime's default.
-    pub spin_wait: Option<bool>,
-    pub policy: BatchPolicy,
-    pub max_in_flight: usize,
-    pub preprocess_threads: usize,
-    pub decode_limits: DecodeLimits,
-    /// Let large JPEGs decode at reduced scale (see `EngineConfig::jpeg_dct_scaling`).
-    pub jpeg_dct_scaling: bool,
-    pub shed_on_backlog: bool,
-    /// Input (height, width) for models with a dynamic input size.
-    pub imgsz: Option<(usize, usize)>,
-    /// Thresholds used when a request sets none.
-    pub defaults: DetectParams,
-    pub provider: ExecutionProvider,
-    /// Run on the CPU when `provider` cannot load (logged).
+    /// How each version's engine runs. Its `name` and `version` are not read from here:
+    /// the loader fills in each version's own.
+    pub engine: EngineConfig,
+    /// How each instance's ONNX Runtime session is built.
+    pub session: SessionConfig,
+    /// How each instance's detector is built. Its `max_batch` is not read from here: a
+    /// detector takes the batch policy's (`engine.policy.max_batch`), so one key sets both
+    /// (see [`ModelSettings::detector_config`]).
+    pub detector: DetectorConfig,
+    /// Run on the CPU when the session's provider cannot load (logged).
     pub provider_fallback: bool,
-    /// On GPU providers, stage inputs in page-locked host memory.
-    pub pinned_input: bool,
-    /// On GPU providers, keep the model's input and output in device memory at fixed
-    /// addresses (implied by CUDA graphs).
-    pub device_io: bool,
-    /// On CUDA, decode baseline JPEGs on the GPU (nvJPEG) and letterbox them there, instead
-    /// of on the CPU cores.
-    pub gpu_jpeg_decode: bool,
     /// Rewrite the graph at load time (uint8 input, top-K candidates out).
     pub graph_rewrite: GraphRewrite,
     /// Candidate rows per image the rewritten graph returns.
     pub top_k: usize,
-    /// Batch sizes the model runs at, smaller batches padded up (empty: every size).
-    pub padded_batch_sizes: Vec<usize>,
-    /// One session per run batch size, so that no session's input shape ever changes
-    /// (GPU providers re-prepare their kernels on every change).
+    /// One session per run batch size (`detector.run_sizes`), so that no session's input
+    /// shape ever changes (GPU providers re-prepare their kernels on every change).
     pub session_per_batch_size: bool,
     /// With `session_per_batch_size`, fix each session's input shape in its graph, so that
     /// ONNX Runtime folds the model's shape arithmetic instead of running it on the CPU
     /// at every run (see `graph::fixed_shape_weights`).
     pub fixed_input_shapes: bool,
-    /// The ONNX Runtime library; `None` searches the usual places.
-    pub runtime_path: Option<PathBuf>,
+    /// One session whose graph's input is fixed at this many images, which every batch is
+    /// padded to (`peregrine model-bench --fixed-shapes`; no config key sets it).
+    pub fixed_batch: Option<usize>,
     pub version_policy: VersionPolicy,
     /// File name of the weights inside each version directory.
     pub model_file: String,
@@ -100,33 +83,18 @@ pub struct ModelSettings {
 impl Default for ModelSettings {
     fn default() -> Self {
         Self {
-            instances: 1,
-            threads: 0,
-            spin_wait: None,
-            policy: BatchPolicy {
-                max_batch: 4,
-                max_delay: Duration::ZERO,
-                preferred: Vec::new(),
-                capacity: 64,
+            engine: EngineConfig::default(),
+            session: SessionConfig {
+                pinned_input: true,
+                ..SessionConfig::default()
             },
-            max_in_flight: 128,
-            preprocess_threads: 2,
-            decode_limits: DecodeLimits::default(),
-            jpeg_dct_scaling: false,
-            shed_on_backlog: true,
-            imgsz: None,
-            defaults: DetectParams::default(),
-            provider: ExecutionProvider::Cpu,
+            detector: DetectorConfig::default(),
             provider_fallback: false,
-            pinned_input: true,
-            device_io: false,
-            gpu_jpeg_decode: false,
             graph_rewrite: GraphRewrite::Auto,
             top_k: peregrine_onnx::DEFAULT_TOP_K,
-            padded_batch_sizes: Vec::new(),
             session_per_batch_size: false,
             fixed_input_shapes: true,
-            runtime_path: None,
+            fixed_batch: None,
             version_policy: VersionPolicy::default(),
             model_file: "model.onnx".into(),
             load_timeout: Duration::from_secs(300),
@@ -216,7 +184,6 @@ impl ProviderFile {
                 int8_calibration_table: path(&self.trt_int8_calibration_table),
                 engine_cache: path(&self.trt_engine_cache),
                 timing_cache: path(&self.trt_timing_cache),
-                profile: None,
             }),
             other => {
                 return Err(SettingsError(format!(
@@ -232,76 +199,70 @@ impl ModelSettings {
     /// relative paths in the file.
     pub fn overlay(&self, file: &ModelConfigFile, model_dir: &Path) -> Result<Self, SettingsError> {
         let mut s = self.clone();
+        // `take!(table; key => place)` sets the place when the table has the key.
         macro_rules! take {
-            ($($field:ident),*) => { $( if let Some(v) = file.$field.clone() { s.$field = v; } )* };
+            ($table:expr; $($key:ident => $($place:ident).+),* $(,)?) => {
+                $( if let Some(v) = $table.$key.clone() { s.$($place).+ = v; } )*
+            };
         }
-        take!(
-            instances,
-            threads,
-            max_in_flight,
-            version_policy,
-            model_file,
-            top_k,
-            padded_batch_sizes,
-            session_per_batch_size,
-            fixed_input_shapes,
-            jpeg_dct_scaling
+        take!(file;
+            instances => engine.instances,
+            max_in_flight => engine.max_in_flight,
+            jpeg_dct_scaling => engine.jpeg_dct_scaling,
+            max_batch => engine.policy.max_batch,
+            preferred_batch_sizes => engine.policy.preferred,
+            queue_capacity => engine.policy.capacity,
+            conf => engine.defaults.conf,
+            iou => engine.defaults.iou,
+            max_det => engine.defaults.max_det,
+            threads => session.intra_threads,
+            padded_batch_sizes => detector.run_sizes,
+            version_policy => version_policy,
+            model_file => model_file,
+            top_k => top_k,
+            session_per_batch_size => session_per_batch_size,
+            fixed_input_shapes => fixed_input_shapes,
         );
         if let Some(v) = &file.graph_rewrite {
             s.graph_rewrite = v.parse().map_err(SettingsError)?;
         }
         if file.spin_wait.is_some() {
-            s.spin_wait = file.spin_wait;
-        }
-        if let Some(v) = file.max_batch {
-            s.policy.max_batch = v;
+            s.session.intra_op_spinning = file.spin_wait;
         }
         if let Some(v) = file.max_queue_delay_us {
-            s.policy.max_delay = Duration::from_micros(v);
-        }
-        if let Some(v) = &file.preferred_batch_sizes {
-            s.policy.preferred = v.clone();
-        }
-        if let Some(v) = file.queue_capacity {
-            s.policy.capacity = v;
+            s.engine.policy.max_delay = Duration::from_micros(v);
         }
         if let Some([h, w]) = file.imgsz {
-            s.imgsz = Some((h, w));
-        }
-        if let Some(v) = file.conf {
-            s.defaults.conf = v;
-        }
-        if let Some(v) = file.iou {
-            s.defaults.iou = v;
-        }
-        if let Some(v) = file.max_det {
-            s.defaults.max_det = v;
+            s.detector.imgsz = Some((h, w));
         }
         if let Some(v) = file.load_timeout_s {
             s.load_timeout = Duration::from_secs(v);
         }
         if let Some(p) = &file.provider {
-            s.provider = p.provider(model_dir)?;
-            if let Some(f) = p.fallback {
-                s.provider_fallback = f;
-            }
-            if let Some(pinned) = p.pinned_input {
-                s.pinned_input = pinned;
-            }
-            if let Some(device_io) = p.device_io {
-                s.device_io = device_io;
-            }
-            if let Some(decode) = p.gpu_jpeg_decode {
-                s.gpu_jpeg_decode = decode;
-            }
+            s.session.provider = p.provider(model_dir)?;
+            take!(p;
+                fallback => provider_fallback,
+                pinned_input => session.pinned_input,
+                device_io => session.device_io,
+                gpu_jpeg_decode => session.gpu_jpeg_decode,
+            );
         }
         s.validate()?;
         Ok(s)
     }
 
+    /// The detector configuration the settings call for: `detector`, at the batch policy's
+    /// most images per run.
+    pub fn detector_config(&self) -> DetectorConfig {
+        DetectorConfig {
+            max_batch: self.engine.policy.max_batch,
+            ..self.detector.clone()
+        }
+    }
+
     /// The GPU the model runs on, if its provider is a GPU one.
     pub fn gpu_device(&self) -> Option<i32> {
-        match &self.provider {
+        match &self.session.provider {
             ExecutionProvider::Cpu => None,
             ExecutionProvider::Cuda(o) => Some(o.device_id),
             ExecutionProvider::TensorRt(o) => Some(o.device_id),
@@ -310,42 +271,34 @@ impl ModelSettings {
 
     /// Checks every bound; messages name the key and what it must be.
     pub fn validate(&self) -> Result<(), SettingsError> {
-        if self.gpu_jpeg_decode && self.gpu_device().is_none() {
+        if self.session.gpu_jpeg_decode && self.gpu_device().is_none() {
             return Err(SettingsError(
                 "gpu_jpeg_decode needs a GPU provider (cuda or tensorrt)".into(),
             ));
         }
+        let engine = &self.engine;
         let positive = [
-            ("instances", self.instances),
-            ("max_batch", self.policy.max_batch),
-            ("queue_capacity", self.policy.capacity),
-            ("max_in_flight", self.max_in_flight),
-            ("preprocess_threads", self.preprocess_threads),
+            ("instances", engine.instances),
+            ("max_batch", engine.policy.max_batch),
+            ("queue_capacity", engine.policy.capacity),
+            ("max_in_flight", engine.max_in_flight),
+            ("preprocess_threads", engine.preprocess_threads),
         ];
         for (name, v) in positive {
             if v == 0 {
                 return Err(SettingsError(format!("{name} must be at least 1")));
             }
         }
-        if let Some(p) = self
-            .policy
-            .preferred
-            .iter()
-            .find(|&&p| p == 0 || p > self.policy.max_batch)
-        {
+        let max_batch = engine.policy.max_batch;
+        let outside = |sizes: &[usize]| sizes.iter().copied().find(|&p| p == 0 || p > max_batch);
+        if let Some(p) = outside(&engine.policy.preferred) {
             return Err(SettingsError(format!(
-                "preferred batch size {p} is outside 1..={} (max_batch)",
-                self.policy.max_batch
+                "preferred batch size {p} is outside 1..={max_batch} (max_batch)"
             )));
         }
-        if let Some(p) = self
-            .padded_batch_sizes
-            .iter()
-            .find(|&&p| p == 0 || p > self.policy.max_batch)
-        {
+        if let Some(p) = outside(&self.detector.run_sizes) {
             return Err(SettingsError(format!(
-                "padded batch size {p} is outside 1..={} (max_batch)",
-                self.policy.max_batch
+                "padded batch size {p} is outside 1..={max_batch} (max_batch)"
             )));
         }
         if self.top_k == 0 {
@@ -360,7 +313,8 @@ impl ModelSettings {
                 self.model_file
             )));
         }
-        self.defaults
+        engine
+            .defaults
             .validate()
             .map_err(|e| SettingsError(format!("default thresholds: {e}")))
     }
@@ -381,19 +335,15 @@ mod tests {
 
     #[test]
     fn gpu_jpeg_decoding_needs_a_gpu_provider() {
-        let cpu = ModelSettings {
-            gpu_jpeg_decode: true,
-            ..ModelSettings::default()
-        };
+        let mut cpu = ModelSettings::default();
+        cpu.session.gpu_jpeg_decode = true;
         let err = cpu.validate().unwrap_err();
         assert!(
             err.to_string().contains("gpu_jpeg_decode needs a GPU provider"),
             "{err}"
         );
-        let cuda = ModelSettings {
-            provider: ExecutionProvider::Cuda(Default::default()),
-            ..cpu
-        };
+        let mut cuda = cpu;
+        cuda.session.provider = ExecutionProvider::Cuda(Default::default());
         cuda.validate().unwrap();
     }
 
@@ -419,12 +369,12 @@ trt_engine_cache = "trt-cache"
         let s = ModelSettings::default()
             .overlay(&file, Path::new("/repo/m"))
             .unwrap();
-        assert_eq!(s.policy.max_batch, 8);
-        assert_eq!(s.policy.max_delay, Duration::from_micros(1500));
-        assert_eq!((s.instances, s.imgsz), (2, Some((320, 480))));
-        assert_eq!(s.defaults.conf, 0.4);
+        assert_eq!(s.engine.policy.max_batch, 8);
+        assert_eq!(s.engine.policy.max_delay, Duration::from_micros(1500));
+        assert_eq!((s.engine.instances, s.detector.imgsz), (2, Some((320, 480))));
+        assert_eq!(s.engine.defaults.conf, 0.4);
         assert_eq!(s.version_policy, VersionPolicy::Latest(2));
-        match s.provider {
+        match s.session.provider {
             ExecutionProvider::TensorRt(o) => {
                 assert!(o.fp16);
                 assert_eq!(o.engine_cache, Some(PathBuf::from("/repo/m/trt-cache")));
@@ -437,7 +387,7 @@ trt_engine_cache = "trt-cache"
 
     #[test]
     fn the_readme_example_is_a_valid_model_config() {
-        let readme = include_str!("../../../../README.md");
+        let readme = include_str!("../../../README.md");
         let marker = "# DIR/<model>/config.toml";
         let start = readme.find(marker).expect("README has a model config example");
         let end = start + readme[start..].find("```").unwrap();
@@ -445,8 +395,8 @@ trt_engine_cache = "trt-cache"
         let s = ModelSettings::default()
             .overlay(&file, Path::new("/repo/m"))
             .unwrap();
-        assert_eq!((s.policy.max_batch, s.instances), (8, 2));
-        assert!(matches!(s.provider, ExecutionProvider::Cuda(_)));
+        assert_eq!((s.engine.policy.max_batch, s.engine.instances), (8, 2));
+        assert!(matches!(s.session.provider, ExecutionProvider::Cuda(_)));
     }
 
     #[test]

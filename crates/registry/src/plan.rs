@@ -73,7 +73,7 @@ pub(crate) fn plan_sync(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::settings::VersionPolicy;
+    use crate::settings::VersionPolicy;
 
     fn fp(len: u64) -> Fingerprint {
         Fingerprint { len, modified: None }
@@ -112,10 +112,9 @@ mod tests {
         );
         assert!(plan.retire.is_empty());
         // New settings reload everything.
-        let changed = Arc::new(ModelSettings {
-            instances: 2,
-            ..(*s).clone()
-        });
+        let mut changed = (*s).clone();
+        changed.engine.instances = 2;
+        let changed = Arc::new(changed);
         let plan = plan_sync(
             &[(1, fp(10)), (2, fp(20))],
             &changed,

@@ -2,10 +2,11 @@
 //! in, top-K candidate rows out), which moves normalisation and the best-class scan onto
 //! the accelerator and cuts host-device traffic from 7.7 MB to 1.2 MB per 640x640 image.
 
+use peregrine_engine::EngineError;
 use peregrine_onnx::{rewrite, InputForm, OutputForm, RewriteOptions};
 use peregrine_vision::DetectorSpec;
 
-use crate::EngineError;
+use crate::LoadError;
 
 /// When to rewrite a model's graph at load time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -39,7 +40,7 @@ pub fn rewritten_weights(
     mode: GraphRewrite,
     top_k: usize,
     on_gpu: bool,
-) -> Result<Option<Vec<u8>>, EngineError> {
+) -> Result<Option<Vec<u8>>, LoadError> {
     let wanted = match mode {
         GraphRewrite::Off => false,
         GraphRewrite::On => true,
@@ -66,7 +67,7 @@ pub fn rewritten_weights(
             tracing::warn!(error = %e, "the graph rewrite does not fit this model; running it as exported");
             Ok(None)
         }
-        Err(e) => Err(EngineError::Rewrite(e)),
+        Err(e) => Err(LoadError::Rewrite(e)),
     }
 }
 
@@ -79,8 +80,9 @@ pub fn fixed_shape_weights(
     weights: &[u8],
     batches: &[usize],
     imgsz: Option<(usize, usize)>,
-) -> Result<Vec<Vec<u8>>, EngineError> {
-    let spec = DetectorSpec::from_model(&peregrine_onnx::describe(weights)?, imgsz)?;
+) -> Result<Vec<Vec<u8>>, LoadError> {
+    let spec =
+        DetectorSpec::from_model(&peregrine_onnx::describe(weights)?, imgsz).map_err(EngineError::from)?;
     batches
         .iter()
         .map(|&n| {

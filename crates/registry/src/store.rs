@@ -243,7 +243,7 @@ mod tests {
         let versions: Vec<u64> = listing.versions.iter().map(|v| v.version).collect();
         assert_eq!(versions, [1, 3]);
         assert_eq!(listing.versions[1].fingerprint.len, 5);
-        assert_eq!(listing.settings.policy.max_batch, 2);
+        assert_eq!(listing.settings.engine.policy.max_batch, 2);
         assert!(source
             .scan("empty", &ModelSettings::default())
             .unwrap()
