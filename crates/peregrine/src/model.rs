@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use peregrine_engine::Detector;
 use peregrine_registry::{build_detector, ModelSettings};
-use peregrine_types::{ClassNames, DetectParams, ParamsError};
+use peregrine_types::{ClassNames, ClassRef, DetectParams, ParamsError, ParamsRequest};
 
 use crate::cli::{ModelArgs, ThresholdArgs};
 
@@ -50,28 +50,12 @@ fn model_settings(args: &ModelArgs, max_batch: usize, fixed_batch: Option<usize>
 
 /// Builds validated detection parameters, resolving class names against the model's.
 pub fn detect_params(args: &ThresholdArgs, names: &ClassNames) -> Result<DetectParams, ParamsError> {
-    let classes = if args.classes.is_empty() {
-        None
-    } else {
-        let ids = args
-            .classes
-            .iter()
-            .map(|c| {
-                let c = c.trim();
-                c.parse::<u32>()
-                    .ok()
-                    .or_else(|| names.id_of(c))
-                    .ok_or_else(|| ParamsError::UnknownClass(c.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Some(ids)
-    };
-    let params = DetectParams {
-        conf: args.conf,
-        iou: args.iou,
-        max_det: args.max_det,
-        classes,
-    };
-    params.validate()?;
-    Ok(params)
+    ParamsRequest {
+        conf: Some(args.conf),
+        iou: Some(args.iou),
+        max_det: Some(args.max_det),
+        classes: (!args.classes.is_empty())
+            .then(|| args.classes.iter().map(String::as_str).map(ClassRef::parse).collect()),
+    }
+    .resolve(&DetectParams::default(), names)
 }
