@@ -284,12 +284,15 @@ async fn an_expired_deadline_gets_504_and_no_inference() {
     server.wait_ready().await;
     let client = reqwest::Client::new();
     let url = server.url("/v1/detect");
-    // Keep the only instance busy with four images queued ahead: one running, three waiting.
+    // Keep the only instance busy with four images ahead, all four admitted before the
+    // next one is sent (they decode on the same pool ahead of it).
     let busy = occupy(&client, &url, 4);
     server
-        .wait_for_metrics("the four are queued", &[("peregrine_queue_depth", "")], |v| {
-            v[0] >= 3.0
-        })
+        .wait_for_metrics(
+            "the four are in flight",
+            &[("peregrine_in_flight_requests", "")],
+            |v| v[0] >= 4.0,
+        )
         .await;
     // Long enough to be decoded and queued, far too short for four model runs ahead.
     let r = post_image(
