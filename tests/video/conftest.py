@@ -67,7 +67,8 @@ def peers():
     # SUBACK, which is waited for: from then on nothing the server publishes is missed.
     p.mqtt_lines = []
     subscribed = threading.Event()
-    sub = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(p.mqtt_port), "-t", "peregrine/#", "-v",
+    # stdbuf: line-buffered output through the pipe, so the SUBACK line is not held back.
+    sub = subprocess.Popen(["stdbuf", "-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p", str(p.mqtt_port), "-t", "peregrine/#", "-v",
                             "-d"], stdout=subprocess.PIPE, text=True)
 
     def read_sub():

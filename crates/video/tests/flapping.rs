@@ -107,8 +107,9 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn a_flapping_camera_is_found_again_after_every_restart() {
     let recoveries = flap(&[Duration::from_secs(3); 5]).await;
     for (i, r) in recoveries.iter().enumerate() {
-        // A sanity bound only: the real figures are the benchmark's.
-        assert!(r.from_ready < Duration::from_secs(10), "restart {i}: {r:?}");
+        // A sanity bound only (the real figures are the benchmark's): above the default
+        // connect timeout (10 s) plus a retry, which one restart in 20 has needed.
+        assert!(r.from_ready < Duration::from_secs(20), "restart {i}: {r:?}");
     }
 }
 
