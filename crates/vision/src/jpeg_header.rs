@@ -163,7 +163,11 @@ mod tests {
             (Subsamp::Gray, Some(ChromaSubsampling::Gray)),
             (Subsamp::Sub4x1, None),
         ] {
-            let colorspace = if subsamp == Subsamp::Gray { Colorspace::Gray } else { Colorspace::YCbCr };
+            let colorspace = if subsamp == Subsamp::Gray {
+                Colorspace::Gray
+            } else {
+                Colorspace::YCbCr
+            };
             let bytes = jpeg(subsamp, colorspace);
             let header = FrameHeader::parse(&bytes).unwrap();
             assert_eq!(header.subsampling(), expected, "{subsamp:?}");
@@ -190,7 +194,11 @@ mod tests {
             let header = FrameHeader::parse(bytes).unwrap();
             assert_eq!(header.is_ycbcr(), *ycbcr, "case {i}");
             let turbo = turbojpeg::read_header(bytes).unwrap().colorspace;
-            assert_eq!(turbo == Colorspace::YCbCr, *ycbcr, "case {i}: libjpeg-turbo says {turbo:?}");
+            assert_eq!(
+                turbo == Colorspace::YCbCr,
+                *ycbcr,
+                "case {i}: libjpeg-turbo says {turbo:?}"
+            );
             if !ycbcr {
                 assert_eq!(header.subsampling(), None, "case {i}: RGB frames stay on the CPU");
             }
@@ -201,7 +209,11 @@ mod tests {
     fn truncated_or_frameless_headers_are_none() {
         let bytes = jpeg(Subsamp::Sub2x2, Colorspace::YCbCr);
         let sof = bytes.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
-        assert_eq!(FrameHeader::parse(&bytes[..sof + 6]), None, "cut inside the frame header");
+        assert_eq!(
+            FrameHeader::parse(&bytes[..sof + 6]),
+            None,
+            "cut inside the frame header"
+        );
         let cut = FrameHeader::parse(&bytes[..sof + 40]).unwrap();
         assert_eq!((cut.width, cut.height), (24, 16), "cut after it");
         assert_eq!(FrameHeader::parse(&[0xFF, 0xD8, 0xFF, 0xDA, 0, 2]), None);

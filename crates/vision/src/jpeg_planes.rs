@@ -149,8 +149,16 @@ impl Plane<'_> {
         let (cx, cy) = (x / h, y / v);
         let fancy = self.width > 2;
         // The neighbour a half sample away: left or above for even pixels, else right or below.
-        let nx = if x % 2 == 1 { (cx + 1).min(self.width - 1) } else { cx.saturating_sub(1) };
-        let ny = if y % 2 == 1 { (cy + 1).min(self.height - 1) } else { cy.saturating_sub(1) };
+        let nx = if x % 2 == 1 {
+            (cx + 1).min(self.width - 1)
+        } else {
+            cx.saturating_sub(1)
+        };
+        let ny = if y % 2 == 1 {
+            (cy + 1).min(self.height - 1)
+        } else {
+            cy.saturating_sub(1)
+        };
         let value = match subsampling {
             ChromaSubsampling::Gray | ChromaSubsampling::None => self.at(x, y),
             ChromaSubsampling::Half if !fancy => self.at(cx, cy),
@@ -366,7 +374,8 @@ mod tests {
                     assert_eq!(got.len(), expected.len(), "{w}x{h} {subsamp:?} q{quality}");
                     let first = got.iter().zip(&expected).position(|(a, b)| a != b);
                     assert_eq!(
-                        first, None,
+                        first,
+                        None,
                         "{w}x{h} {subsamp:?} q{quality}: first differing byte (pixel {:?})",
                         first.map(|i| (i / 3 % w, i / 3 / w))
                     );
@@ -397,10 +406,22 @@ mod tests {
     #[test]
     fn only_the_reproduced_layouts_are_recognised() {
         let c = [(1, 1), (1, 1)];
-        assert_eq!(ChromaSubsampling::from_factors((2, 2), c), Some(ChromaSubsampling::Quarter));
-        assert_eq!(ChromaSubsampling::from_factors((2, 1), c), Some(ChromaSubsampling::Half));
-        assert_eq!(ChromaSubsampling::from_factors((1, 2), c), Some(ChromaSubsampling::HalfRows));
-        assert_eq!(ChromaSubsampling::from_factors((1, 1), c), Some(ChromaSubsampling::None));
+        assert_eq!(
+            ChromaSubsampling::from_factors((2, 2), c),
+            Some(ChromaSubsampling::Quarter)
+        );
+        assert_eq!(
+            ChromaSubsampling::from_factors((2, 1), c),
+            Some(ChromaSubsampling::Half)
+        );
+        assert_eq!(
+            ChromaSubsampling::from_factors((1, 2), c),
+            Some(ChromaSubsampling::HalfRows)
+        );
+        assert_eq!(
+            ChromaSubsampling::from_factors((1, 1), c),
+            Some(ChromaSubsampling::None)
+        );
         assert_eq!(ChromaSubsampling::from_factors((4, 1), c), None, "4:1:1");
         assert_eq!(ChromaSubsampling::from_factors((4, 2), c), None, "4:1:0");
         assert_eq!(

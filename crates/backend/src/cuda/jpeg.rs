@@ -231,7 +231,9 @@ impl GpuJpegDecoder {
         let mut outputs = Vec::with_capacity(n);
         let mut decoded = Vec::with_capacity(n);
         for (i, data) in images.iter().enumerate() {
-            let info = self.info(data).map_err(|e| CudaError(format!("image {i}: {e}")))?;
+            let info = self
+                .info(data)
+                .map_err(|e| CudaError(format!("image {i}: {e}")))?;
             let (w, h) = (info.width, info.height);
             let mut image = NvjpegImage {
                 channel: [std::ptr::null_mut(); 4],
@@ -277,7 +279,10 @@ impl GpuJpegDecoder {
             // same planes as they are coded instead (3-component JPEGs are coded as Y, Cb,
             // Cr at their own resolutions; gray as Y).
             Err(status) if format == NVJPEG_OUTPUT_YUV && matches!(status, 2 | 4 | 9) => {
-                tracing::info!(status, "nvJPEG refused planar YUV output; asking for the planes unchanged");
+                tracing::info!(
+                    status,
+                    "nvJPEG refused planar YUV output; asking for the planes unchanged"
+                );
                 self.planar_format = NVJPEG_OUTPUT_UNCHANGED;
                 self.decode_batched(images, &mut outputs, NVJPEG_OUTPUT_UNCHANGED)
             }
@@ -289,7 +294,12 @@ impl GpuJpegDecoder {
 
     /// One batched decode of `images` into `outputs` as `format`; the nvJPEG status of the
     /// call that failed.
-    fn decode_batched(&mut self, images: &[&[u8]], outputs: &mut [NvjpegImage], format: c_int) -> Result<(), c_int> {
+    fn decode_batched(
+        &mut self,
+        images: &[&[u8]],
+        outputs: &mut [NvjpegImage],
+        format: c_int,
+    ) -> Result<(), c_int> {
         let api = api().map_err(|_| 1)?;
         let n = images.len();
         if self.initialized_for != (n, format) {
@@ -349,7 +359,11 @@ impl GpuJpegDecoder {
                 cr: vec![0; cw * ch],
                 chroma_pitch: cw,
             };
-            for (dst, src) in [(&mut planes.y, p.luma), (&mut planes.cb, p.cb), (&mut planes.cr, p.cr)] {
+            for (dst, src) in [
+                (&mut planes.y, p.luma),
+                (&mut planes.cb, p.cb),
+                (&mut planes.cr, p.cr),
+            ] {
                 // SAFETY: each plane is packed at its width, `dst.len()` bytes; the stream
                 // is synchronised before `dst` is read.
                 unsafe {
@@ -478,8 +492,16 @@ impl GpuJpegDecoder {
         let rows = unsafe { columns.add(sw * 4) };
         // SAFETY: as the caller vouches.
         unsafe {
-            self.kernels
-                .letterbox(rgb, s.width * 3, columns, rows, (sw, sh), dst, row_bytes, &self.stream)
+            self.kernels.letterbox(
+                rgb,
+                s.width * 3,
+                columns,
+                rows,
+                (sw, sh),
+                dst,
+                row_bytes,
+                &self.stream,
+            )
         }
     }
 

@@ -287,17 +287,19 @@ impl ImageKernels {
         dst_pitch: usize,
         stream: &Stream,
     ) -> Result<(), CudaError> {
-        let (mut luma, mut cb, mut cr, mut tables, mut dst) = (planes.luma, planes.cb, planes.cr, tables, dst);
-        let [mut luma_pitch, mut chroma_pitch, mut chroma_w, mut chroma_h, mut width, mut height, mut dst_pitch] = [
-            planes.luma_pitch,
-            planes.chroma_pitch,
-            planes.chroma_size.0,
-            planes.chroma_size.1,
-            planes.size.0,
-            planes.size.1,
-            dst_pitch,
-        ]
-        .map(|v| v as i32);
+        let (mut luma, mut cb, mut cr, mut tables, mut dst) =
+            (planes.luma, planes.cb, planes.cr, tables, dst);
+        let [mut luma_pitch, mut chroma_pitch, mut chroma_w, mut chroma_h, mut width, mut height, mut dst_pitch] =
+            [
+                planes.luma_pitch,
+                planes.chroma_pitch,
+                planes.chroma_size.0,
+                planes.chroma_size.1,
+                planes.size.0,
+                planes.size.1,
+                dst_pitch,
+            ]
+            .map(|v| v as i32);
         let mut layout = planes.layout as i32;
         let mut params: [*mut c_void; 13] = [
             (&mut luma as *mut *const u8).cast(),

@@ -83,7 +83,11 @@ impl JpegInfo {
 }
 
 /// The chroma planes' allocated size: the real one, or the luma's for gray.
-pub(crate) fn chroma_allocation(subsampling: ChromaSubsampling, width: usize, height: usize) -> (usize, usize) {
+pub(crate) fn chroma_allocation(
+    subsampling: ChromaSubsampling,
+    width: usize,
+    height: usize,
+) -> (usize, usize) {
     match subsampling {
         ChromaSubsampling::Gray => (width, height),
         other => other.chroma_size(width, height),
@@ -118,14 +122,21 @@ mod tests {
     fn nvjpeg_layouts_map_to_libjpeg_turbos_and_others_are_refused() {
         assert_eq!(info(3, 2, (17, 16)).layout().unwrap(), ChromaSubsampling::Quarter);
         assert_eq!(info(3, 1, (17, 31)).layout().unwrap(), ChromaSubsampling::Half);
-        assert_eq!(info(3, 3, (33, 16)).layout().unwrap(), ChromaSubsampling::HalfRows);
+        assert_eq!(
+            info(3, 3, (33, 16)).layout().unwrap(),
+            ChromaSubsampling::HalfRows
+        );
         assert_eq!(info(3, 0, (33, 31)).layout().unwrap(), ChromaSubsampling::None);
         assert_eq!(info(1, 6, (0, 0)).layout().unwrap(), ChromaSubsampling::Gray);
         let e = info(3, 4, (9, 31)).layout().unwrap_err();
         assert!(e.to_string().contains("4:1:1 JPEG: decoded on the CPU"), "{e}");
         // Planes of another size than libjpeg-turbo's: the arithmetic would not match.
         let e = info(3, 2, (16, 16)).layout().unwrap_err();
-        assert!(e.to_string().contains("16x16 chroma planes; libjpeg-turbo has 17x16"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("16x16 chroma planes; libjpeg-turbo has 17x16"),
+            "{e}"
+        );
     }
 
     #[test]
