@@ -7,16 +7,19 @@
 #
 #   scripts/gpu-bench.sh BIN DATA_DIR OUT_DIR [PERF_ANALYZER]
 #
-# STEPS (environment, default "model parity serve decode e2e") picks the parts to run;
+# STEPS (environment, default "model parity serve decode e2e jpeg-parity") picks the parts to run;
 # MODEL_BATCHES the model step's batch sizes; E2E_VARIANTS (";"-separated "label max-batch
 # padded-sizes instances delay-us [serve flags]") the e2e step's server configurations.
-# DATA_DIR holds images/ (the shared test photos) and models/ (yolo11n.onnx,
-# yolo11n-fp16.onnx). Writes into OUT_DIR:
+# DATA_DIR holds images/ (the shared test photos), videos/ (the shared clips, for the JPEG
+# corpus) and models/ (yolo11n.onnx, yolo11n-fp16.onnx). The jpeg-parity step generates its
+# corpus (scripts/make-jpeg-corpus.py, OpenCV's Python package) unless CORPUS names one, and
+# also runs BEFORE_BIN's GPU decoding when that names an older binary. Writes into OUT_DIR:
 #   results.txt     every figure, step by step (model alone by batch size for fp32 and fp16,
 #                   plain and rewritten graphs; HTTP end to end by concurrency; the open loop
 #                   at 70% of peak; perf_analyzer over HTTP and gRPC)
 #   parity-*.jsonl  detections on the GPU (for comparison with the CPU path where it runs)
 #   det-*.jsonl     each e2e variant's detections over HTTP (compared in results.txt)
+#   jdet-*.jsonl    the jpeg-parity step's detections over the corpus, likewise
 #   log.txt         everything the steps printed
 # Each step has its own time limit, so one that hangs costs only itself. Traffic goes to
 # 127.0.0.1 only.
@@ -44,7 +47,7 @@ json() { [ -f "$1" ] && { cat "$1" >>"$res"; echo >>"$res"; }; }
 
 note "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader), $cores cores, $(date -u +%FT%TZ)"
 jpegs=$(ls "$data"/images/*.jpg)
-steps="${STEPS:-model parity serve decode e2e}"
+steps="${STEPS:-model parity serve decode e2e jpeg-parity}"
 wants() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 # 1. The model alone by batch size, fp32 and fp16, plain and rewritten graphs, each batch
@@ -73,12 +76,13 @@ done
 # 3. The server end to end: real JPEGs decoded on the machine's cores. One ONNX Runtime
 # session per padded batch size, so that no session's input shape changes between runs
 # (CUDA re-prepares its convolutions on every change: seconds per batch when sizes vary).
+serve_bin="$bin"
 serve() {
     local model=$1 max=$2 sizes=$3 instances=${4:-2} delay=${5:-2000}
     shift 3
     shift 2 2>/dev/null || shift $#
     # Any further arguments are extra serve flags.
-    "$bin" serve --provider cuda --threads 1 --prefer-nhwc --model "$data/models/$model.onnx" --host 127.0.0.1 \
+    "$serve_bin" serve --provider cuda --threads 1 --prefer-nhwc --model "$data/models/$model.onnx" --host 127.0.0.1 \
         --port "$port" --grpc-port "$grpc_port" --instances "$instances" --max-batch "$max" \
         --padded-batch-sizes "$sizes" --session-per-batch-size true --max-queue-delay-us "$delay" \
         --queue-capacity 4096 --max-in-flight 8192 --preprocess-threads "$cores" --log-level warn "$@" 2>>"$log" &
@@ -184,6 +188,38 @@ if wants e2e; then
     first=${variants[0]%% *}
     python3 "$(dirname "$0")/compare-detections.py" "$out/det-$first.jsonl" \
         $(ls "$out"/det-*.jsonl | grep -v "/det-$first.jsonl") >>"$res" 2>&1
+fi
+
+# 6. JPEG decoding parity over a corpus of a few hundred files (subsamplings, qualities,
+# crops, small images, restart markers, gray, progressive and 4:1:1 files that must stay on
+# the CPU, video frames): the GPU's canvases against the CPU's, stage by stage, then the
+# server's detections with GPU decoding against CPU decoding, same server otherwise
+# (sequential requests, batches of one).
+if wants jpeg-parity; then
+    corpus="${CORPUS:-$out/corpus}"
+    if [ -z "${CORPUS:-}" ]; then
+        python3 "$(dirname "$0")/make-jpeg-corpus.py" "$data/images" "$data/videos" "$corpus" >>"$res" 2>&1 ||
+            note "corpus generation failed"
+    fi
+    note "JPEG parity: GPU canvases vs CPU canvases over $(ls "$corpus" | wc -l) files (bench-decode --parity-only)"
+    timeout 300 "$bin" bench-decode --gpu-batch 8 --parity-only true "$corpus"/*.jpg >>"$res" 2>>"$log" ||
+        note "canvas parity rc $?"
+    jvariants=("cpu $bin" "gpu $bin --gpu-jpeg-decode")
+    [ -n "${BEFORE_BIN:-}" ] && jvariants+=("gpu-before $BEFORE_BIN --gpu-jpeg-decode")
+    for v in "${jvariants[@]}"; do
+        set -- $v
+        label=$1 serve_bin=$2
+        shift 2
+        if serve yolo11n 1 1 1 0 "$@"; then
+            timeout 300 python3 "$(dirname "$0")/server-detections.py" "http://127.0.0.1:$port" "$corpus"/*.jpg \
+                >"$out/jdet-$label.jsonl" 2>>"$log" || note "corpus detections for $label failed"
+            stop
+        fi
+    done
+    serve_bin="$bin"
+    note "JPEG parity: detections over the corpus against CPU decoding (class, IoU >= 0.9, score within 0.02)"
+    python3 "$(dirname "$0")/compare-detections.py" "$out/jdet-cpu.jsonl" $(ls "$out"/jdet-gpu*.jsonl) >>"$res" 2>&1
+    [ -z "${CORPUS:-}" ] && rm -rf "$corpus"
 fi
 
 rm -f "$out"/m.json "$out"/d.json "$out"/h*.json "$out"/open.json "$out"/b.json

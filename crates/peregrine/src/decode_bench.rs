@@ -50,6 +50,10 @@ pub struct DecodeBenchArgs {
     /// images per call; each of `--threads` runs its own decoder. 0: on the CPU.
     #[arg(long, env = "PEREGRINE_BENCH_GPU_BATCH", default_value_t = 0)]
     pub gpu_batch: usize,
+    /// With `--gpu-batch`: print the GPU's canvases' differences from the CPU's over the
+    /// images (stage by stage, both colour conversions) and skip the timing.
+    #[arg(long, env = "PEREGRINE_BENCH_PARITY_ONLY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub parity_only: bool,
     /// GPU to decode on.
     #[arg(long, env = "PEREGRINE_DEVICE_ID", default_value_t = 0)]
     pub device_id: i32,
@@ -101,15 +105,26 @@ pub fn run(args: DecodeBenchArgs) -> Result<ExitCode> {
     crate::serve::keep_large_allocations_out_of_the_heap(args.malloc_mmap_threshold);
     let (paths, problems) = crate::inputs::expand(&args.images);
     anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
-    let images: Vec<Vec<u8>> = paths
-        .iter()
-        .map(|p| std::fs::read(p).with_context(|| format!("reading {}", p.display())))
+    let files: Vec<(PathBuf, Vec<u8>)> = paths
+        .into_iter()
+        .map(|p| {
+            let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+            Ok((p, bytes))
+        })
         .collect::<Result<_>>()?;
-    anyhow::ensure!(!images.is_empty(), "no images found");
-    let fit = args.jpeg_dct_scaling.then_some((args.imgsz, args.imgsz));
+    anyhow::ensure!(!files.is_empty(), "no images found");
+    anyhow::ensure!(
+        !args.parity_only || args.gpu_batch > 0,
+        "--parity-only compares the GPU's canvases with the CPU's: give --gpu-batch too"
+    );
     if args.gpu_batch > 0 {
-        gpu::report_parity(&images, args.imgsz, args.device_id)?;
+        parity::report(&files, args.imgsz, args.device_id, args.gpu_batch)?;
+        if args.parity_only {
+            return Ok(ExitCode::SUCCESS);
+        }
     }
+    let images: Vec<Vec<u8>> = files.into_iter().map(|(_, bytes)| bytes).collect();
+    let fit = args.jpeg_dct_scaling.then_some((args.imgsz, args.imgsz));
     let mut figures = Vec::new();
     for &threads in &args.threads {
         let stop = AtomicBool::new(false);
@@ -192,138 +207,7 @@ pub fn run(args: DecodeBenchArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The GPU path: nvJPEG and the letterbox kernel through `peregrine_backend::cuda`.
-mod gpu {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
-    use anyhow::{Context, Result};
-    use peregrine_backend::cuda::jpeg::{GpuJpegDecoder, JpegSlot};
-    use peregrine_backend::cuda::{self, CopyKind, DeviceBuffer};
-    use peregrine_vision::{decode_image, resample_tables, ImageView, Letterbox, LetterboxCanvas};
-
-    /// Each image's geometry and resampling tables, as the engine builds them.
-    struct Prepared {
-        width: usize,
-        height: usize,
-        letterbox: Letterbox,
-        columns: Vec<[i32; 4]>,
-        rows: Vec<[i32; 4]>,
-    }
-
-    fn prepare(decoder: &GpuJpegDecoder, images: &[Vec<u8>], imgsz: usize) -> Result<Vec<Prepared>> {
-        images
-            .iter()
-            .map(|data| {
-                let info = decoder.info(data)?;
-                let letterbox = Letterbox::new(info.width, info.height, imgsz, imgsz);
-                let (columns, rows) = resample_tables(info.width, info.height, &letterbox);
-                Ok(Prepared {
-                    width: info.width,
-                    height: info.height,
-                    letterbox,
-                    columns,
-                    rows,
-                })
-            })
-            .collect()
-    }
-
-    fn slots<'a>(
-        images: &'a [Vec<u8>],
-        prepared: &'a [Prepared],
-        first: usize,
-        n: usize,
-    ) -> Vec<JpegSlot<'a>> {
-        (0..n)
-            .map(|slot| {
-                let i = (first + slot) % images.len();
-                let p = &prepared[i];
-                JpegSlot {
-                    slot,
-                    data: &images[i],
-                    width: p.width,
-                    height: p.height,
-                    scaled: (p.letterbox.scaled_width, p.letterbox.scaled_height),
-                    offset: (p.letterbox.left, p.letterbox.top),
-                    pad_value: Letterbox::PAD_VALUE,
-                    columns: &p.columns,
-                    rows: &p.rows,
-                }
-            })
-            .collect()
-    }
-
-    pub fn run_decoder(
-        images: &[Vec<u8>],
-        batch: usize,
-        imgsz: usize,
-        device: i32,
-        thread: usize,
-        stop: &AtomicBool,
-        done: &AtomicU64,
-    ) -> Result<()> {
-        let mut decoder = GpuJpegDecoder::new(device)?;
-        let canvas = DeviceBuffer::new(batch * imgsz * imgsz * 3)?;
-        // Tables are built once here; the engine builds them per batch (microseconds).
-        let prepared = prepare(&decoder, images, imgsz)?;
-        let mut first = thread * batch;
-        while !stop.load(Ordering::Relaxed) {
-            let slots = slots(images, &prepared, first, batch);
-            // SAFETY: `canvas` holds `batch` canvases on this device and only this call writes it.
-            unsafe { decoder.letterbox_into(&slots, canvas.ptr().cast(), imgsz, imgsz) }?;
-            done.fetch_add(batch as u64, Ordering::Relaxed);
-            first += batch;
-        }
-        Ok(())
-    }
-
-    /// Letterboxes every image on the GPU and on the CPU and prints how far apart they are.
-    pub fn report_parity(images: &[Vec<u8>], imgsz: usize, device: i32) -> Result<()> {
-        let mut decoder = GpuJpegDecoder::new(device)?;
-        println!(
-            "GPU JPEG decoder: {}",
-            if decoder.is_hardware() {
-                "hardware"
-            } else {
-                "CUDA (no hardware decoder)"
-            }
-        );
-        let n = images.len();
-        let slot_bytes = imgsz * imgsz * 3;
-        let canvas = DeviceBuffer::new(n * slot_bytes)?;
-        let prepared = prepare(&decoder, images, imgsz)?;
-        let slots = slots(images, &prepared, 0, n);
-        // SAFETY: as in `run_decoder`.
-        unsafe { decoder.letterbox_into(&slots, canvas.ptr().cast(), imgsz, imgsz) }?;
-        let mut host = vec![0u8; n * slot_bytes];
-        // SAFETY: both buffers hold `n` canvases; the stream is synchronised right after.
-        unsafe {
-            cuda::copy_async(
-                host.as_mut_ptr().cast(),
-                canvas.ptr(),
-                host.len(),
-                CopyKind::DeviceToHost,
-                decoder.stream(),
-            )
-        }?;
-        cuda::synchronize(decoder.stream())?;
-        let mut scratch = LetterboxCanvas::new();
-        for (i, bytes) in images.iter().enumerate() {
-            let img = decode_image(bytes, Default::default()).context("decoding on the CPU")?;
-            let mut cpu = Vec::new();
-            scratch.fill_into(ImageView::from(&img.rgb), imgsz, imgsz, &mut cpu);
-            let gpu = &host[i * slot_bytes..(i + 1) * slot_bytes];
-            let diffs: Vec<u8> = cpu.iter().zip(gpu).map(|(a, b)| a.abs_diff(*b)).collect();
-            let mean = diffs.iter().map(|&d| f64::from(d)).sum::<f64>() / diffs.len() as f64;
-            let over8 = diffs.iter().filter(|&&d| d > 8).count() as f64 / diffs.len() as f64;
-            println!(
-                "image {i} ({}x{}): GPU vs CPU letterbox mean |diff| {mean:.2}, max {}, over 8 levels {:.3}%",
-                img.width(),
-                img.height(),
-                diffs.iter().max().unwrap_or(&0),
-                over8 * 100.0
-            );
-        }
-        Ok(())
-    }
-}
+/// The GPU path: nvJPEG and the image kernels through `peregrine_backend::cuda`.
+mod gpu;
+/// The GPU's canvases against the CPU's, stage by stage.
+mod parity;

@@ -7,6 +7,8 @@ use std::io::Cursor;
 
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, RgbImage};
 
+use crate::jpeg_header::FrameHeader;
+
 /// Bounds applied while decoding untrusted input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeLimits {
@@ -255,64 +257,34 @@ pub struct BaselineJpeg {
     pub height: u32,
 }
 
-/// Reads `bytes`' header and says whether it is a plain baseline JPEG, the kind GPU
-/// decoders (nvJPEG's hardware decoder) handle: 8-bit baseline Huffman (SOF0), one or three
-/// components, no EXIF rotation, ending in an end-of-image marker. `Ok(None)` means decode
-/// it on the CPU instead (progressive, arithmetic-coded, CMYK, rotated, not a JPEG).
+/// Reads `bytes`' header and says whether it is a plain baseline JPEG whose pixels a GPU
+/// decoder (nvJPEG's planes, then libjpeg-turbo's upsampling and colour arithmetic in the
+/// letterbox kernel) reproduces: 8-bit baseline Huffman (SOF0), gray or YCbCr with 4:4:4,
+/// 4:2:2, 4:2:0 or 4:4:0 chroma (see [`crate::jpeg_planes::ChromaSubsampling`]), no EXIF
+/// rotation, ending in an end-of-image marker. `Ok(None)` means decode it on the CPU instead
+/// (progressive, arithmetic-coded, lossless, 12-bit, CMYK, RGB-coded, 4:1:1 and other
+/// layouts, rotated, not a JPEG).
 /// Errors are the ones [`decode_image`] would give for the same bytes: size over the limits,
 /// truncation, an unparseable header.
 pub fn baseline_jpeg(bytes: &[u8], limits: DecodeLimits) -> Result<Option<BaselineJpeg>, DecodeError> {
     if !bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
         return Ok(None);
     }
-    let Some(sof) = start_of_frame(bytes) else {
+    let Some(frame) = FrameHeader::parse(bytes) else {
         return Ok(None);
     };
-    let (marker, precision, height, width, components) = sof;
-    check_pixels(u64::from(width), u64::from(height), limits)?;
+    check_pixels(u64::from(frame.width), u64::from(frame.height), limits)?;
     check_jpeg_complete(bytes)?;
-    if marker != 0xC0 || precision != 8 || !matches!(components, 1 | 3) {
+    if frame.marker != 0xC0 || frame.precision != 8 || frame.subsampling().is_none() {
         return Ok(None);
     }
     if jpeg_orientation(bytes)? != image::metadata::Orientation::NoTransforms {
         return Ok(None);
     }
     Ok(Some(BaselineJpeg {
-        width: u32::from(width),
-        height: u32::from(height),
+        width: u32::from(frame.width),
+        height: u32::from(frame.height),
     }))
-}
-
-/// The first start-of-frame segment: (marker, precision, height, width, components).
-/// Walks the marker segments from SOI; `None` when there is none before the scan or the
-/// segments run past the end.
-fn start_of_frame(bytes: &[u8]) -> Option<(u8, u8, u16, u16, u8)> {
-    let mut i = 2;
-    loop {
-        // Markers may be preceded by fill bytes (0xFF).
-        while *bytes.get(i)? == 0xFF && *bytes.get(i + 1)? == 0xFF {
-            i += 1;
-        }
-        if *bytes.get(i)? != 0xFF {
-            return None;
-        }
-        let marker = *bytes.get(i + 1)?;
-        if marker == 0xDA || marker == 0xD9 {
-            return None;
-        }
-        let len = u16::from_be_bytes([*bytes.get(i + 2)?, *bytes.get(i + 3)?]) as usize;
-        // SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC).
-        if (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
-            let seg = bytes.get(i + 4..i + 2 + len)?;
-            if seg.len() < 6 {
-                return None;
-            }
-            let height = u16::from_be_bytes([seg[1], seg[2]]);
-            let width = u16::from_be_bytes([seg[3], seg[4]]);
-            return Some((marker, seg[0], height, width, seg[5]));
-        }
-        i += 2 + len;
-    }
 }
 
 /// A baseline JPEG of a uniform gray `width` x `height` image: a known-good file for

@@ -3,6 +3,8 @@
 //!
 //! - [`decode`]: encoded JPEG/PNG/WebP/BMP bytes to RGB pixels, with a pixel limit checked
 //!   from the header before any pixel is decoded, and EXIF orientation applied.
+//! - [`jpeg_planes`]: a JPEG's decoded Y/Cb/Cr planes to RGB with libjpeg-turbo's own
+//!   upsampling and colour arithmetic: the reference for GPU decoding.
 //! - [`letterbox`]: Ultralytics-compatible letterbox (centred, pad 114, bilinear) into a
 //!   reusable canvas, and the geometry that maps boxes back to the original image.
 //! - [`normalize`]: canvas bytes to the model's NCHW float input, written in place into a
@@ -17,6 +19,8 @@
 
 pub mod annotate;
 pub mod decode;
+mod jpeg_header;
+pub mod jpeg_planes;
 pub mod layout;
 pub mod letterbox;
 pub mod nms;

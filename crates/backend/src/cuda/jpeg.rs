@@ -1,18 +1,45 @@
 //! JPEG decoding and letterboxing on the GPU: nvJPEG (the hardware decoder where the GPU
-//! has one, A100/H100/H200; its CUDA decoder elsewhere) into per-slot device buffers, then
-//! the letterbox kernel (the CPU letterbox's own fixed-point bilinear, from tables the
-//! host builds) straight into the model's device input, padded with the letterbox's gray.
-//! No pixel crosses PCIe: only the compressed bytes and the small tables go in.
+//! has one, A100/H100/H200; its CUDA decoder elsewhere) into per-slot planar Y/Cb/Cr
+//! buffers, then the `ycc_to_rgb` kernel (libjpeg-turbo's own chroma upsampling and colour
+//! tables) and the letterbox kernel (the CPU letterbox's own fixed-point bilinear, from
+//! tables the host builds) straight into the model's device input, padded with the
+//! letterbox's gray. No pixel crosses PCIe: only the compressed bytes and the small tables
+//! go in. What remains different from the CPU is nvJPEG's IDCT.
 
 use std::ffi::{c_int, c_void};
 
+use peregrine_vision::jpeg_planes::{DecodedPlanes, YccToRgb};
+
 use super::ffi::{Handle, NvjpegImage};
-use super::kernel::LetterboxKernel;
+use super::kernel::{DevicePlanes, ImageKernels};
+pub use super::planes::JpegInfo;
+use super::planes::{chroma_allocation, kernel_layout};
 use super::{api, check, CopyKind, CudaError, DeviceBuffer, Stream};
 
 const NVJPEG_BACKEND_DEFAULT: c_int = 0;
 const NVJPEG_BACKEND_HARDWARE: c_int = 3;
+const NVJPEG_OUTPUT_UNCHANGED: c_int = 0;
+const NVJPEG_OUTPUT_YUV: c_int = 1;
 const NVJPEG_OUTPUT_RGBI: c_int = 5;
+
+/// Who turns the decoded planes into RGB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColourConversion {
+    /// Our kernel, with libjpeg-turbo's upsampling and tables: the CPU path's pixels but
+    /// for nvJPEG's IDCT. What the server uses.
+    LibjpegTurbo,
+    /// nvJPEG's own (interleaved RGB output): its chroma upsampling and rounding differ
+    /// from libjpeg-turbo's. For comparison (`peregrine bench-decode`).
+    Nvjpeg,
+}
+
+/// What one image of a decode call left on the device.
+#[derive(Debug, Clone, Copy)]
+enum Decoded {
+    Planes(DevicePlanes),
+    /// Interleaved RGB, rows `width * 3` bytes.
+    Rgb(*const u8),
+}
 
 fn nvjpeg_check(what: &str, code: c_int) -> Result<(), CudaError> {
     if code == 0 {
@@ -54,26 +81,28 @@ pub struct JpegSlot<'a> {
     pub rows: &'a [[i32; 4]],
 }
 
-/// The image header as nvJPEG reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JpegInfo {
-    pub width: usize,
-    pub height: usize,
-    pub components: usize,
-}
-
 pub struct GpuJpegDecoder {
     handle: Handle,
     state: Handle,
     hardware: bool,
     stream: Stream,
-    kernel: LetterboxKernel,
-    /// Every slot's resampling tables for the current batch, on the device.
+    kernels: ImageKernels,
+    conversion: ColourConversion,
+    /// libjpeg-turbo's YCbCr->RGB tables, on the device.
+    colour_tables: DeviceBuffer,
+    /// Every slot's resampling tables for the current batch, on the host (kept until the
+    /// next batch, so the asynchronous upload never reads freed memory) and on the device.
+    host_tables: Vec<[i32; 4]>,
     tables: DeviceBuffer,
-    /// Decoded pixels, one buffer per position in the decode call, grown as needed.
+    /// nvJPEG's output, one buffer per position in the decode call, grown as needed.
     decoded: Vec<DeviceBuffer>,
-    /// The batch size nvJPEG's batched state was last initialised for.
-    initialized_for: usize,
+    /// RGB converted from the planes, for images that are then resized.
+    rgb: Vec<DeviceBuffer>,
+    /// The batch size and output format nvJPEG's batched state was last initialised for.
+    initialized_for: (usize, c_int),
+    /// The planar output asked of nvJPEG: YUV, or the same planes as "unchanged" where a
+    /// backend refuses YUV.
+    planar_format: c_int,
 }
 
 // SAFETY: the nvJPEG handle and state are owned by this value and used through `&mut self`.
@@ -92,8 +121,13 @@ impl Drop for GpuJpegDecoder {
 }
 
 impl GpuJpegDecoder {
-    /// A decoder on `device`.
+    /// A decoder on `device`, converting colour as libjpeg-turbo does.
     pub fn new(device: i32) -> Result<Self, CudaError> {
+        Self::with_conversion(device, ColourConversion::LibjpegTurbo)
+    }
+
+    /// A decoder on `device` whose RGB comes from `conversion`.
+    pub fn with_conversion(device: i32, conversion: ColourConversion) -> Result<Self, CudaError> {
         let api = api()?;
         super::set_device(device)?;
         let mut handle: Handle = std::ptr::null_mut();
@@ -131,16 +165,22 @@ impl GpuJpegDecoder {
             Ok(v)
         };
         // cudaDevAttrComputeCapabilityMajor / Minor (driver_types.h).
-        let kernel = LetterboxKernel::compile(attr(75)?, attr(76)?)?;
+        let kernels = ImageKernels::compile(attr(75)?, attr(76)?)?;
+        let colour_tables = upload_colour_tables(&stream)?;
         Ok(Self {
             handle,
             state,
             hardware,
             stream,
-            kernel,
+            kernels,
+            conversion,
+            colour_tables,
+            host_tables: Vec::new(),
             tables: DeviceBuffer::new(0)?,
             decoded: Vec::new(),
-            initialized_for: 0,
+            rgb: Vec::new(),
+            initialized_for: (0, 0),
+            planar_format: NVJPEG_OUTPUT_YUV,
         })
     }
 
@@ -171,11 +211,175 @@ impl GpuJpegDecoder {
                 heights.as_mut_ptr(),
             )
         })?;
+        let size = |i: usize| (widths[i].max(0) as usize, heights[i].max(0) as usize);
         Ok(JpegInfo {
-            width: widths[0].max(0) as usize,
-            height: heights[0].max(0) as usize,
+            width: size(0).0,
+            height: size(0).1,
             components: components.max(0) as usize,
+            subsampling,
+            chroma_size: size(1),
         })
+    }
+
+    /// Decodes `images` in one batched call into this decoder's buffers (planes or RGB, as
+    /// its conversion says), on its stream; returns what each left where. Does not wait.
+    fn decode(&mut self, images: &[&[u8]]) -> Result<Vec<(JpegInfo, Decoded)>, CudaError> {
+        let n = images.len();
+        while self.decoded.len() < n {
+            self.decoded.push(DeviceBuffer::new(0)?);
+        }
+        let mut outputs = Vec::with_capacity(n);
+        let mut decoded = Vec::with_capacity(n);
+        for (i, data) in images.iter().enumerate() {
+            let info = self
+                .info(data)
+                .map_err(|e| CudaError(format!("image {i}: {e}")))?;
+            let (w, h) = (info.width, info.height);
+            let mut image = NvjpegImage {
+                channel: [std::ptr::null_mut(); 4],
+                pitch: [0; 4],
+            };
+            if self.conversion == ColourConversion::Nvjpeg {
+                grow(&mut self.decoded[i], w * h * 3)?;
+                image.channel[0] = self.decoded[i].ptr().cast();
+                image.pitch[0] = w * 3;
+                decoded.push((info, Decoded::Rgb(image.channel[0])));
+                outputs.push(image);
+                continue;
+            }
+            let subsampling = info.layout().map_err(|e| CudaError(format!("image {i}: {e}")))?;
+            grow(&mut self.decoded[i], info.plane_bytes(subsampling))?;
+            let (cw, ch) = chroma_allocation(subsampling, w, h);
+            let base = self.decoded[i].ptr().cast::<u8>();
+            // SAFETY: the buffer holds the three packed planes (`plane_bytes`).
+            let (cb, cr) = unsafe { (base.add(w * h), base.add(w * h + cw * ch)) };
+            image.channel[..3].copy_from_slice(&[base, cb, cr]);
+            image.pitch[..3].copy_from_slice(&[w, cw, cw]);
+            outputs.push(image);
+            decoded.push((
+                info,
+                Decoded::Planes(DevicePlanes {
+                    size: (w, h),
+                    layout: kernel_layout(subsampling),
+                    luma: base,
+                    luma_pitch: w,
+                    cb,
+                    cr,
+                    chroma_pitch: cw,
+                    chroma_size: subsampling.chroma_size(w, h),
+                }),
+            ));
+        }
+        let format = match self.conversion {
+            ColourConversion::LibjpegTurbo => self.planar_format,
+            ColourConversion::Nvjpeg => NVJPEG_OUTPUT_RGBI,
+        };
+        match self.decode_batched(images, &mut outputs, format) {
+            // Invalid parameter, not supported, implementation not supported: ask for the
+            // same planes as they are coded instead (3-component JPEGs are coded as Y, Cb,
+            // Cr at their own resolutions; gray as Y).
+            Err(status) if format == NVJPEG_OUTPUT_YUV && matches!(status, 2 | 4 | 9) => {
+                tracing::info!(
+                    status,
+                    "nvJPEG refused planar YUV output; asking for the planes unchanged"
+                );
+                self.planar_format = NVJPEG_OUTPUT_UNCHANGED;
+                self.decode_batched(images, &mut outputs, NVJPEG_OUTPUT_UNCHANGED)
+            }
+            other => other,
+        }
+        .or_else(|status| nvjpeg_check("nvjpegDecodeBatched", status))?;
+        Ok(decoded)
+    }
+
+    /// One batched decode of `images` into `outputs` as `format`; the nvJPEG status of the
+    /// call that failed.
+    fn decode_batched(
+        &mut self,
+        images: &[&[u8]],
+        outputs: &mut [NvjpegImage],
+        format: c_int,
+    ) -> Result<(), c_int> {
+        let api = api().map_err(|_| 1)?;
+        let n = images.len();
+        if self.initialized_for != (n, format) {
+            // SAFETY: re-initialises the batched state for `n` images in `format`.
+            let status = unsafe {
+                (api.nvjpeg_decode_batched_initialize)(self.handle, self.state, n as c_int, 1, format)
+            };
+            if status != 0 {
+                self.initialized_for = (0, 0);
+                return Err(status);
+            }
+            self.initialized_for = (n, format);
+        }
+        let lengths: Vec<usize> = images.iter().map(|d| d.len()).collect();
+        let data: Vec<*const u8> = images.iter().map(|d| d.as_ptr()).collect();
+        // SAFETY: `data`/`lengths` describe `n` live JPEGs; each output buffer holds its
+        // image at the pitches given.
+        let status = unsafe {
+            (api.nvjpeg_decode_batched)(
+                self.handle,
+                self.state,
+                data.as_ptr(),
+                lengths.as_ptr(),
+                outputs.as_mut_ptr(),
+                self.stream.0,
+            )
+        };
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(status)
+        }
+    }
+
+    /// Decodes `images` and copies nvJPEG's planes back, before any upsampling or colour
+    /// conversion: the IDCT's output, to compare with libjpeg-turbo's. Only for a decoder
+    /// converting colour as libjpeg-turbo does.
+    pub fn decode_to_host(&mut self, images: &[&[u8]]) -> Result<Vec<DecodedPlanes>, CudaError> {
+        if self.conversion != ColourConversion::LibjpegTurbo {
+            return Err(CudaError("only a decoder of planes has planes to return".into()));
+        }
+        let decoded = self.decode(images)?;
+        let mut host = Vec::with_capacity(decoded.len());
+        for (info, d) in &decoded {
+            let Decoded::Planes(p) = d else {
+                unreachable!("a planar decoder decodes planes");
+            };
+            let subsampling = info.layout()?;
+            let (cw, ch) = subsampling.chroma_size(p.size.0, p.size.1);
+            let mut planes = DecodedPlanes {
+                width: p.size.0,
+                height: p.size.1,
+                subsampling,
+                y: vec![0; p.size.0 * p.size.1],
+                y_pitch: p.size.0,
+                cb: vec![0; cw * ch],
+                cr: vec![0; cw * ch],
+                chroma_pitch: cw,
+            };
+            for (dst, src) in [
+                (&mut planes.y, p.luma),
+                (&mut planes.cb, p.cb),
+                (&mut planes.cr, p.cr),
+            ] {
+                // SAFETY: each plane is packed at its width, `dst.len()` bytes; the stream
+                // is synchronised before `dst` is read.
+                unsafe {
+                    super::copy_async(
+                        dst.as_mut_ptr().cast(),
+                        src.cast(),
+                        dst.len(),
+                        CopyKind::DeviceToHost,
+                        &self.stream,
+                    )
+                }?;
+            }
+            host.push(planes);
+        }
+        super::synchronize(&self.stream)?;
+        Ok(host)
     }
 
     /// Decodes every slot's JPEG and letterboxes it into its place in `canvas`: device
@@ -198,53 +402,115 @@ impl GpuJpegDecoder {
         }
         let api = api()?;
         let n = slots.len();
-        if self.initialized_for != n {
-            // SAFETY: re-initialises the batched state for `n` images, RGB interleaved.
-            nvjpeg_check("nvjpegDecodeBatchedInitialize", unsafe {
-                (api.nvjpeg_decode_batched_initialize)(
-                    self.handle,
-                    self.state,
-                    n as c_int,
-                    1,
-                    NVJPEG_OUTPUT_RGBI,
-                )
-            })?;
-            self.initialized_for = n;
+        for s in slots {
+            check_geometry(s, canvas_width, canvas_height)?;
         }
-        while self.decoded.len() < n {
-            self.decoded.push(DeviceBuffer::new(0)?);
-        }
-        let mut outputs = Vec::with_capacity(n);
-        for (i, s) in slots.iter().enumerate() {
-            let bytes = s.width * s.height * 3;
-            if self.decoded[i].len() < bytes {
-                self.decoded[i] = DeviceBuffer::new(bytes)?;
+        let images: Vec<&[u8]> = slots.iter().map(|s| s.data).collect();
+        let decoded = self.decode(&images)?;
+        for (s, (info, _)) in slots.iter().zip(&decoded) {
+            if (info.width, info.height) != (s.width, s.height) {
+                return Err(CudaError(format!(
+                    "slot {}: nvJPEG reads a {}x{} image where the header check read {}x{}",
+                    s.slot, info.width, info.height, s.width, s.height
+                )));
             }
-            let mut image = NvjpegImage {
-                channel: [std::ptr::null_mut(); 4],
-                pitch: [0; 4],
-            };
-            image.channel[0] = self.decoded[i].ptr().cast();
-            image.pitch[0] = s.width * 3;
-            outputs.push(image);
         }
-        let data: Vec<*const u8> = slots.iter().map(|s| s.data.as_ptr()).collect();
-        let lengths: Vec<usize> = slots.iter().map(|s| s.data.len()).collect();
-        // SAFETY: `data`/`lengths` describe `n` live JPEGs; each output buffer holds its
-        // image at the pitch given.
-        nvjpeg_check("nvjpegDecodeBatched", unsafe {
-            (api.nvjpeg_decode_batched)(
-                self.handle,
-                self.state,
-                data.as_ptr(),
-                lengths.as_ptr(),
-                outputs.as_mut_ptr(),
-                self.stream.0,
+        while self.rgb.len() < n {
+            self.rgb.push(DeviceBuffer::new(0)?);
+        }
+        let table_at = self.upload_resampling_tables(slots)?;
+        let slot_bytes = canvas_width * canvas_height * 3;
+        let row_bytes = canvas_width * 3;
+        for (i, (s, (_, decoded))) in slots.iter().zip(&decoded).enumerate() {
+            // SAFETY: the caller vouches for the canvas; `check_geometry` kept the image
+            // inside its slot.
+            let base = unsafe { canvas.add(s.slot * slot_bytes) };
+            // SAFETY: as above.
+            check(api, "cudaMemsetAsync", unsafe {
+                (api.cuda_memset_async)(base.cast(), c_int::from(s.pad_value), slot_bytes, self.stream.0)
+            })?;
+            let dst = unsafe { base.add(s.offset.1 * row_bytes + s.offset.0 * 3) };
+            let resized = s.scaled != (s.width, s.height);
+            // The RGB the letterbox reads: nvJPEG's, or ours converted from the planes
+            // (straight into the canvas when there is nothing to resize).
+            let rgb: *const u8 = match *decoded {
+                Decoded::Rgb(rgb) => rgb,
+                Decoded::Planes(planes) => {
+                    let (out, pitch) = if resized {
+                        grow(&mut self.rgb[i], s.width * s.height * 3)?;
+                        (self.rgb[i].ptr().cast::<u8>(), s.width * 3)
+                    } else {
+                        (dst, row_bytes)
+                    };
+                    let tables = self.colour_tables.ptr().cast::<i32>();
+                    // SAFETY: the planes were written by the decode on this stream; `out`
+                    // holds the image at `pitch`.
+                    unsafe { self.kernels.ycc_to_rgb(&planes, tables, out, pitch, &self.stream) }?;
+                    if !resized {
+                        continue;
+                    }
+                    out
+                }
+            };
+            // SAFETY: `rgb` holds the image's RGB rows of `width * 3` bytes, written on this
+            // stream; the tables were uploaded on it; the destination is inside the slot.
+            unsafe { self.place(s, rgb, table_at[i], dst, row_bytes) }?;
+        }
+        super::synchronize(&self.stream)
+    }
+
+    /// Copies or resamples one slot's RGB into its place on the canvas.
+    ///
+    /// # Safety
+    /// As [`Self::letterbox_into`]'s loop says.
+    unsafe fn place(
+        &self,
+        s: &JpegSlot<'_>,
+        rgb: *const u8,
+        table_at: usize,
+        dst: *mut u8,
+        row_bytes: usize,
+    ) -> Result<(), CudaError> {
+        let api = api()?;
+        let (sw, sh) = s.scaled;
+        if s.scaled == (s.width, s.height) {
+            // SAFETY: as the caller vouches.
+            return check(api, "cudaMemcpy2DAsync", unsafe {
+                (api.cuda_memcpy_2d_async)(
+                    dst.cast(),
+                    row_bytes,
+                    rgb as *const c_void,
+                    s.width * 3,
+                    s.width * 3,
+                    s.height,
+                    CopyKind::DeviceToDevice as c_int,
+                    self.stream.0,
+                )
+            });
+        }
+        let columns = unsafe { self.tables.ptr().cast::<i32>().add(table_at * 4) };
+        let rows = unsafe { columns.add(sw * 4) };
+        // SAFETY: as the caller vouches.
+        unsafe {
+            self.kernels.letterbox(
+                rgb,
+                s.width * 3,
+                columns,
+                rows,
+                (sw, sh),
+                dst,
+                row_bytes,
+                &self.stream,
             )
-        })?;
-        // All slots' tables in one upload: columns then rows, slot after slot.
-        let mut tables: Vec<[i32; 4]> = Vec::new();
-        let mut table_at = Vec::with_capacity(n);
+        }
+    }
+
+    /// All slots' resampling tables in one upload: columns then rows, slot after slot.
+    /// Returns where each slot's start (in rows of four i32).
+    fn upload_resampling_tables(&mut self, slots: &[JpegSlot<'_>]) -> Result<Vec<usize>, CudaError> {
+        let tables = &mut self.host_tables;
+        tables.clear();
+        let mut table_at = Vec::with_capacity(slots.len());
         for s in slots {
             table_at.push(tables.len());
             tables.extend_from_slice(s.columns);
@@ -254,7 +520,8 @@ impl GpuJpegDecoder {
         if self.tables.len() < table_bytes {
             self.tables = DeviceBuffer::new(table_bytes.next_power_of_two())?;
         }
-        // SAFETY: `tables` stays alive until the stream is synchronised below.
+        // SAFETY: `host_tables` is left alone until the next batch, after this one's
+        // stream has been synchronised.
         unsafe {
             super::copy_async(
                 self.tables.ptr(),
@@ -264,65 +531,55 @@ impl GpuJpegDecoder {
                 &self.stream,
             )
         }?;
-        let slot_bytes = canvas_width * canvas_height * 3;
-        let row_bytes = canvas_width * 3;
-        for (i, s) in slots.iter().enumerate() {
-            let (sw, sh) = s.scaled;
-            let (left, top) = s.offset;
-            if sw + left > canvas_width || sh + top > canvas_height || sw == 0 || sh == 0 {
-                return Err(CudaError(format!(
-                    "slot {}: a {sw}x{sh} image at ({left}, {top}) does not fit a {canvas_width}x{canvas_height} canvas",
-                    s.slot
-                )));
-            }
-            let resized = (sw, sh) != (s.width, s.height);
-            if resized && (s.columns.len() != sw || s.rows.len() != sh) {
-                return Err(CudaError(format!(
-                    "slot {}: resampling tables for {}x{} given for a {sw}x{sh} image",
-                    s.slot,
-                    s.columns.len(),
-                    s.rows.len()
-                )));
-            }
-            // SAFETY (all three calls): the caller vouches for the canvas; the source is
-            // this decoder's buffer for image `i`, written by the decode above on the same
-            // stream; the tables were uploaded above on that stream.
-            let base = unsafe { canvas.add(s.slot * slot_bytes) };
-            check(api, "cudaMemsetAsync", unsafe {
-                (api.cuda_memset_async)(base.cast(), c_int::from(s.pad_value), slot_bytes, self.stream.0)
-            })?;
-            let dst = unsafe { base.add(top * row_bytes + left * 3) };
-            let src = self.decoded[i].ptr() as *const u8;
-            if !resized {
-                check(api, "cudaMemcpy2DAsync", unsafe {
-                    (api.cuda_memcpy_2d_async)(
-                        dst.cast(),
-                        row_bytes,
-                        src as *const c_void,
-                        s.width * 3,
-                        s.width * 3,
-                        s.height,
-                        CopyKind::DeviceToDevice as c_int,
-                        self.stream.0,
-                    )
-                })?;
-            } else {
-                let columns = unsafe { self.tables.ptr().cast::<i32>().add(table_at[i] * 4) };
-                let rows = unsafe { columns.add(sw * 4) };
-                unsafe {
-                    self.kernel.launch(
-                        src,
-                        s.width * 3,
-                        columns,
-                        rows,
-                        (sw, sh),
-                        dst,
-                        row_bytes,
-                        &self.stream,
-                    )
-                }?;
-            }
-        }
-        super::synchronize(&self.stream)
+        Ok(table_at)
     }
+}
+
+/// libjpeg-turbo's colour tables (`YccToRgb`), in device memory.
+fn upload_colour_tables(stream: &Stream) -> Result<DeviceBuffer, CudaError> {
+    let colour = YccToRgb::new().tables();
+    let bytes = colour.len() * std::mem::size_of::<i32>();
+    let buffer = DeviceBuffer::new(bytes)?;
+    // SAFETY: the buffer holds the tables; the stream is synchronised before `colour` goes.
+    unsafe {
+        super::copy_async(
+            buffer.ptr(),
+            colour.as_ptr().cast(),
+            bytes,
+            CopyKind::HostToDevice,
+            stream,
+        )
+    }?;
+    super::synchronize(stream)?;
+    Ok(buffer)
+}
+
+/// Replaces `buffer` with a larger one when it holds fewer than `bytes`.
+fn grow(buffer: &mut DeviceBuffer, bytes: usize) -> Result<(), CudaError> {
+    if buffer.len() < bytes {
+        *buffer = DeviceBuffer::new(bytes)?;
+    }
+    Ok(())
+}
+
+/// Refuses a slot whose image does not fit its canvas or whose tables do not fit its size.
+fn check_geometry(s: &JpegSlot<'_>, canvas_width: usize, canvas_height: usize) -> Result<(), CudaError> {
+    let (sw, sh) = s.scaled;
+    let (left, top) = s.offset;
+    if sw + left > canvas_width || sh + top > canvas_height || sw == 0 || sh == 0 {
+        return Err(CudaError(format!(
+            "slot {}: a {sw}x{sh} image at ({left}, {top}) does not fit a {canvas_width}x{canvas_height} canvas",
+            s.slot
+        )));
+    }
+    let resized = (sw, sh) != (s.width, s.height);
+    if resized && (s.columns.len() != sw || s.rows.len() != sh) {
+        return Err(CudaError(format!(
+            "slot {}: resampling tables for {}x{} given for a {sw}x{sh} image",
+            s.slot,
+            s.columns.len(),
+            s.rows.len()
+        )));
+    }
+    Ok(())
 }

@@ -9,6 +9,7 @@
 mod ffi;
 pub mod jpeg;
 mod kernel;
+mod planes;
 
 use std::ffi::{c_void, CStr};
 use std::sync::OnceLock;
@@ -143,10 +144,19 @@ mod tests {
 
     #[test]
     fn a_machine_without_cuda_gets_an_error_naming_what_is_missing() {
-        // On a GPU machine with CUDA's libraries this builds a decoder; elsewhere (CI) the
-        // error must say which library is missing rather than crash.
-        if let Err(e) = GpuJpegDecoder::new(0) {
-            assert!(e.to_string().contains("no CUDA library libcudart"), "{e}");
+        // On a GPU machine with CUDA's libraries this builds a decoder, which must then read
+        // a JPEG's header; elsewhere (CI) the error must say which library is missing and
+        // what GPU decoding needs, rather than crash.
+        match GpuJpegDecoder::new(0) {
+            Ok(decoder) => {
+                let info = decoder.info(&peregrine_vision::gray_jpeg(24, 16)).unwrap();
+                assert_eq!((info.width, info.height), (24, 16));
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("no CUDA library libcudart"), "{e}");
+                assert!(e.contains("GPU decoding needs the CUDA driver"), "{e}");
+            }
         }
     }
 }
