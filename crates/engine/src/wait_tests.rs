@@ -6,6 +6,14 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// `n` images in the batch queue, none decoding.
+fn queued(n: usize) -> Ahead {
+    Ahead {
+        decoding: 0,
+        queued: n,
+    }
+}
+
 fn close(got: Duration, want: Duration) -> bool {
     got.abs_diff(want) <= Duration::from_micros(50)
 }
@@ -79,10 +87,7 @@ fn a_queue_position_waits_for_the_running_batch_and_the_full_batches_ahead() {
     // A full batch taken 50 ms ago: 150 ms left.
     w.batch_started(0, 4, t0);
     let now = t0 + ms(50);
-    let ahead = Ahead {
-        decoding: 0,
-        queued: 9,
-    };
+    let ahead = queued(9);
     // 150 ms running + 2 full batches ahead + its own batch, which fills up behind it
     // while it waits.
     let want = ms(150) + ms(400) + ms(200);
@@ -94,10 +99,7 @@ fn a_queue_position_waits_for_the_running_batch_and_the_full_batches_ahead() {
     // With the instance free, it runs at once with the one queued: a batch of 2 (the
     // nearest measured size, 1, scaled: 120 ms), after the wait for company.
     w.instance_idle(0, now);
-    let one_queued = Ahead {
-        decoding: 0,
-        queued: 1,
-    };
+    let one_queued = queued(1);
     assert!(close(w.estimate(one_queued, false, now), ms(120) + ms(2)));
 }
 
@@ -110,10 +112,7 @@ fn instances_share_the_batches_ahead() {
         w.observe_batch(4, ms(200));
         w.observe_batch(1, ms(60));
     }
-    let ahead = Ahead {
-        decoding: 0,
-        queued: 15,
-    };
+    let ahead = queued(15);
     // 3 full batches ahead then its own full batch: on one instance 4 x 200 ms; on two,
     // the first takes batches 1 and 3 (done at 200 and 400), the second batch 2 (done at
     // 200), then its own: answered at 400.
@@ -147,10 +146,7 @@ fn a_batch_running_past_its_cost_counts_as_ending_now() {
     w.observe_batch(4, ms(200));
     w.batch_started(0, 4, t0);
     let late = t0 + ms(500);
-    let ahead = Ahead {
-        decoding: 0,
-        queued: 3,
-    };
+    let ahead = queued(3);
     assert!(close(w.estimate(ahead, false, late), ms(200)));
     assert!(!w.is_idle(Ahead::default()), "an instance is busy");
     w.instance_idle(0, late);
@@ -175,9 +171,7 @@ fn estimates_made_at_admission_hold_on_the_recorded_run() {
     // 24 requests arrive at once while a batch has just started; they run in full batches
     // after it.
     w.batch_started(0, 4, arrived);
-    let estimates: Vec<Duration> = (0..24)
-        .map(|queued| w.estimate(Ahead { decoding: 0, queued }, false, arrived))
-        .collect();
+    let estimates: Vec<Duration> = (0..24).map(|n| w.estimate(queued(n), false, arrived)).collect();
     let mut now = arrived + ms(costs[0]);
     w.instance_idle(0, now);
     let mut waited = Vec::new();
