@@ -182,9 +182,15 @@ impl IntoResponse for ApiError {
         };
         let mut response = (status, axum::Json(body)).into_response();
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            // A backlog says how long it needs to drain; everything else, a second.
+            let secs = match &self {
+                Self::Request(e) | Self::Image { source: e, .. } => e.retry_after(),
+                _ => None,
+            }
+            .map_or(1, |d| d.as_secs().max(1));
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -296,5 +302,11 @@ mod tests {
     fn overload_says_when_to_retry() {
         let r = ApiError::from(RequestError::Overloaded { limit: 4 }).into_response();
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let backlog = RequestError::Backlogged {
+            expected_ms: 4500,
+            budget_ms: 2000,
+        };
+        let r = ApiError::from(backlog).into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3", "2.5 s over the deadline");
     }
 }

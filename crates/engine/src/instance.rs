@@ -44,16 +44,28 @@ impl Drop for Alive {
 
 /// The instance holds only a weak sender, so that it never keeps the queue task alive: once
 /// every `Engine` handle is gone the queue task ends and this thread follows.
-pub(crate) fn run_instance(mut detector: Detector, commands: mpsc::WeakSender<Command>, shared: Arc<Shared>) {
+pub(crate) fn run_instance(
+    index: usize,
+    mut detector: Detector,
+    commands: mpsc::WeakSender<Command>,
+    shared: Arc<Shared>,
+) {
     // Declared first, so dropped last: after the detector and its session.
     let _alive = Alive::new();
     let sizes = detector.run_sizes(shared.config.policy.max_batch);
     let model = shared.config.name.clone();
     let version = shared.config.version.clone();
-    if let Err(e) = warm_up(&mut detector, &shared.spec, &sizes) {
-        tracing::error!(model = %model, version = %version, error = %e, "warm-up failed; the model will not become ready");
-        shared.instance_failed(format!("warm-up failed: {e}"));
-        return;
+    let costs = match warm_up(&mut detector, &shared.spec, &sizes) {
+        Ok(costs) => costs,
+        Err(e) => {
+            tracing::error!(model = %model, version = %version, error = %e, "warm-up failed; the model will not become ready");
+            shared.instance_failed(format!("warm-up failed: {e}"));
+            return;
+        }
+    };
+    // The wait estimator starts from the warm-up's batch times rather than from nothing.
+    if let Some(sender) = commands.upgrade() {
+        let _ = sender.blocking_send(Command::WarmedUp(costs));
     }
     let _ = shared.output_shape.set(detector.output_item_shape().to_vec());
     shared.instance_ready();
@@ -61,7 +73,10 @@ pub(crate) fn run_instance(mut detector: Detector, commands: mpsc::WeakSender<Co
     loop {
         let (tx, rx) = oneshot::channel();
         let Some(sender) = commands.upgrade() else { break };
-        let sent = sender.blocking_send(Command::Idle(tx));
+        let sent = sender.blocking_send(Command::Idle {
+            instance: index,
+            reply: tx,
+        });
         drop(sender);
         if sent.is_err() {
             break;
@@ -76,7 +91,12 @@ pub(crate) fn run_instance(mut detector: Detector, commands: mpsc::WeakSender<Co
 }
 
 /// Runs each batch size once on gray images so the first real request pays no warm-up.
-fn warm_up(detector: &mut Detector, spec: &DetectorSpec, sizes: &[usize]) -> Result<(), EngineError> {
+/// Returns what each size took, but the first (which pays the session's one-time setup).
+fn warm_up(
+    detector: &mut Detector,
+    spec: &DetectorSpec,
+    sizes: &[usize],
+) -> Result<Vec<(usize, std::time::Duration)>, EngineError> {
     let canvas = vec![Letterbox::PAD_VALUE; spec.image_len()];
     let letterbox = Letterbox::new(
         spec.input_width,
@@ -90,8 +110,13 @@ fn warm_up(detector: &mut Detector, spec: &DetectorSpec, sizes: &[usize]) -> Res
         letterbox,
         params: params.clone(),
     };
+    let mut costs = Vec::with_capacity(sizes.len());
     for &n in sizes {
-        detector.run_prepared(&vec![canvas_slot.clone(); n])?;
+        let (_, t) = detector.run_prepared(&vec![canvas_slot.clone(); n])?;
+        costs.push((n, t.total()));
+    }
+    if costs.len() > 1 {
+        costs.remove(0);
     }
     if detector.decodes_jpeg() {
         // The device decoder prepares itself per batch size too.
@@ -112,7 +137,7 @@ fn warm_up(detector: &mut Detector, spec: &DetectorSpec, sizes: &[usize]) -> Res
             }
         }
     }
-    Ok(())
+    Ok(costs)
 }
 
 /// A slot's caller, while its slot is in the model.
@@ -147,7 +172,6 @@ fn run_one(detector: &mut Detector, batch: Batch, shared: &Shared) {
     match outcome {
         Ok((outputs, t)) => {
             telemetry::batch_ran(model, size, t.preprocess, t.inference, t.postprocess);
-            shared.record_batch_time(t.total(), size);
             let decode_total = waiting.iter().map(|w| w.decode).sum();
             shared.stats.batch(
                 &BatchRun {

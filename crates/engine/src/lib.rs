@@ -8,8 +8,11 @@
 //! [`Engine`] serves one model to many concurrent callers: admission (a bounded number of
 //! requests in flight), decoding on a bounded blocking pool, a batch queue owned by one
 //! task whose decisions live in the pure [`queue::BatchQueue`], and model instances on
-//! dedicated OS threads (never on a tokio worker). [`telemetry`] names every metric and
-//! [`stats`] keeps Triton-style counters per engine.
+//! dedicated OS threads (never on a tokio worker). One batch slot is a [`Slot`] from the
+//! request to the instance and a [`SlotOutput`] on the way back. The pure
+//! [`wait::WaitEstimator`], owned by the queue task, estimates each request's wait so that
+//! one that cannot meet its deadline is refused at once. [`telemetry`] names every metric
+//! and [`stats`] keeps Triton-style counters per engine.
 //!
 //! The engine knows one model version and the [`peregrine_backend::Backend`] trait only:
 //! which models are served, where their weights come from and how a graph is prepared for
@@ -29,6 +32,7 @@ mod shared;
 mod slot;
 pub mod stats;
 pub mod telemetry;
+pub mod wait;
 
 pub use detector::{run_sizes, Detector, DetectorConfig, StageTimings};
 pub use error::EngineError;

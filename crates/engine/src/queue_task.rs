@@ -13,6 +13,7 @@ use crate::request::RequestError;
 use crate::shared::Shared;
 use crate::slot::{Slot, SlotOutput};
 use crate::telemetry;
+use crate::wait::WaitEstimator;
 
 /// Where a slot's answer goes: its output and timings, or why it got none.
 pub(crate) type Reply = oneshot::Sender<Result<(SlotOutput, ItemTimings), RequestError>>;
@@ -58,8 +59,14 @@ pub(crate) type Batch = Vec<(Entry, Duration)>;
 
 pub(crate) enum Command {
     Enqueue(Entry),
-    /// An instance is idle and waits on this sender for its next batch.
-    Idle(oneshot::Sender<Batch>),
+    /// An instance warmed up: the time each batch size took (size, duration).
+    WarmedUp(Vec<(usize, Duration)>),
+    /// Instance number `instance` is idle (its last batch, if any, is done) and waits on
+    /// `reply` for its next batch.
+    Idle {
+        instance: usize,
+        reply: oneshot::Sender<Batch>,
+    },
 }
 
 /// Runs until every sender of `commands` is gone (every `Engine` handle dropped and every
@@ -70,10 +77,7 @@ pub(crate) async fn run_queue(
     policy: BatchPolicy,
     shared: Arc<Shared>,
 ) {
-    let model = shared.config.name.clone();
-    let capacity = policy.capacity;
-    let mut queue: BatchQueue<Entry> = BatchQueue::new(policy);
-    let mut idle: Vec<oneshot::Sender<Batch>> = Vec::new();
+    let mut task = QueueTask::new(policy, shared);
     let mut wake: Option<Instant> = None;
     loop {
         let command = match wake {
@@ -87,63 +91,127 @@ pub(crate) async fn run_queue(
             },
         };
         let now = Instant::now();
+        if let Some(command) = command {
+            task.take(command, now);
+        }
+        wake = task.dispatch(now);
+    }
+    for entry in task.queue.drain_all() {
+        let _ = entry
+            .recycle_into(&task.shared)
+            .send(Err(RequestError::ShuttingDown));
+    }
+}
+
+/// The queue task's state: the queue, the idle instances and the wait estimator, all
+/// owned here alone.
+struct QueueTask {
+    shared: Arc<Shared>,
+    model: String,
+    capacity: usize,
+    queue: BatchQueue<Entry>,
+    idle: Vec<(usize, oneshot::Sender<Batch>)>,
+    wait: WaitEstimator,
+}
+
+impl QueueTask {
+    fn new(policy: BatchPolicy, shared: Arc<Shared>) -> Self {
+        let config = &shared.config;
+        let wait = WaitEstimator::new(
+            policy.max_batch,
+            config.instances,
+            config.preprocess_threads,
+            policy.max_delay,
+        );
+        Self {
+            model: config.name.clone(),
+            capacity: policy.capacity,
+            queue: BatchQueue::new(policy),
+            idle: Vec::new(),
+            wait,
+            shared,
+        }
+    }
+
+    fn take(&mut self, command: Command, now: Instant) {
         match command {
-            Some(Command::Enqueue(entry)) => {
-                if let Err(entry) = queue.push(entry, now) {
-                    let _ = entry.recycle_into(&shared).send(Err(RequestError::QueueFull {
-                        model: model.clone(),
-                        capacity,
-                    }));
+            Command::Enqueue(entry) => {
+                if !entry.decode.is_zero() {
+                    self.wait.observe_decode(entry.decode);
+                }
+                if let Err(entry) = self.queue.push(entry, now) {
+                    let _ = entry
+                        .recycle_into(&self.shared)
+                        .send(Err(RequestError::QueueFull {
+                            model: self.model.clone(),
+                            capacity: self.capacity,
+                        }));
                 }
             }
-            Some(Command::Idle(instance)) => idle.push(instance),
-            None => {}
-        }
-        let mut dropped = Dropped::default();
-        wake = None;
-        loop {
-            idle.retain(|i| !i.is_closed());
-            let Some(instance) = idle.pop() else {
-                queue.sweep(now, &mut dropped);
-                wake = queue.earliest_deadline();
-                break;
-            };
-            match queue.next_batch(now, &mut dropped) {
-                NextBatch::Run(batch) => {
-                    for (_, waited) in &batch {
-                        telemetry::queued(&model, *waited);
-                        shared.stats.queued(*waited);
-                    }
-                    if let Err(batch) = instance.send(batch) {
-                        for (entry, _) in batch {
-                            let _ = entry
-                                .recycle_into(&shared)
-                                .send(Err(RequestError::Inference("the model instance stopped".into())));
-                        }
-                    }
+            Command::WarmedUp(costs) => {
+                for (size, took) in costs {
+                    self.wait.observe_batch(size, took);
                 }
+            }
+            Command::Idle { instance, reply } => {
+                self.wait.instance_idle(instance, now);
+                self.idle.push((instance, reply));
+            }
+        }
+    }
+
+    /// Hands batches to idle instances while there are both, answers what the queue
+    /// dropped, publishes the queue's state, and says when to look again.
+    fn dispatch(&mut self, now: Instant) -> Option<Instant> {
+        let mut dropped = Dropped::default();
+        let wake = loop {
+            self.idle.retain(|(_, reply)| !reply.is_closed());
+            let Some((instance, reply)) = self.idle.pop() else {
+                self.queue.sweep(now, &mut dropped);
+                break self.queue.earliest_deadline();
+            };
+            match self.queue.next_batch(now, &mut dropped) {
+                NextBatch::Run(batch) => self.hand_over(instance, reply, batch, now),
                 NextBatch::WaitUntil(at) => {
-                    idle.push(instance);
-                    wake = Some(queue.earliest_deadline().map_or(at, |d| d.min(at)));
-                    break;
+                    self.idle.push((instance, reply));
+                    break Some(self.queue.earliest_deadline().map_or(at, |d| d.min(at)));
                 }
                 NextBatch::Empty => {
-                    idle.push(instance);
-                    break;
+                    self.idle.push((instance, reply));
+                    break None;
                 }
             }
-        }
-        telemetry::dropped(&model, "expired", dropped.expired.len());
-        telemetry::dropped(&model, "abandoned", dropped.abandoned.len());
+        };
+        telemetry::dropped(&self.model, "expired", dropped.expired.len());
+        telemetry::dropped(&self.model, "abandoned", dropped.abandoned.len());
         for entry in dropped.expired.into_iter().chain(dropped.abandoned) {
             let _ = entry
-                .recycle_into(&shared)
+                .recycle_into(&self.shared)
                 .send(Err(RequestError::DeadlineExceeded { stage: "queued" }));
         }
-        shared.queued.store(queue.len(), Ordering::Relaxed);
-        telemetry::queue_depth(&model, queue.len());
+        self.shared.queued.store(self.queue.len(), Ordering::Relaxed);
+        self.shared.wait.store(Arc::new(self.wait.clone()));
+        telemetry::queue_depth(&self.model, self.queue.len());
+        wake
     }
-    for entry in queue.drain_all() {
-        let _ = entry.recycle_into(&shared).send(Err(RequestError::ShuttingDown));
+
+    fn hand_over(&mut self, instance: usize, reply: oneshot::Sender<Batch>, batch: Batch, now: Instant) {
+        for (_, waited) in &batch {
+            telemetry::queued(&self.model, *waited);
+            self.shared.stats.queued(*waited);
+        }
+        let size = batch.len();
+        match reply.send(batch) {
+            Ok(()) => self.wait.batch_started(instance, size, now),
+            Err(batch) => self.instance_stopped(batch),
+        }
+    }
+
+    fn instance_stopped(&self, batch: Batch) {
+        for (entry, _) in batch {
+            let _ = entry
+                .recycle_into(&self.shared)
+                .send(Err(RequestError::Inference("the model instance stopped".into())));
+        }
     }
 }

@@ -62,6 +62,26 @@ pub enum RequestError {
 }
 
 impl RequestError {
+    /// When a refused request is worth retrying: for a backlog, once the work ahead has
+    /// shrunk by the excess of its estimate over the deadline (at least a second); for a
+    /// full queue or admission limit, a second. `None` for errors a retry does not cure.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Backlogged {
+                expected_ms,
+                budget_ms,
+            } => Some(Duration::from_secs(
+                expected_ms.saturating_sub(*budget_ms).div_ceil(1000).max(1),
+            )),
+            Self::Overloaded { .. } | Self::QueueFull { .. } | Self::NotReady { .. } | Self::ShuttingDown => {
+                Some(Duration::from_secs(1))
+            }
+            Self::DeadlineExceeded { .. } | Self::BadImage(_) | Self::BadTensor(_) | Self::Inference(_) => {
+                None
+            }
+        }
+    }
+
     /// The outcome label for metrics.
     pub fn outcome(&self) -> &'static str {
         match self {
@@ -70,5 +90,29 @@ impl RequestError {
             Self::BadImage(_) | Self::BadTensor(_) => "bad_input",
             Self::NotReady { .. } | Self::ShuttingDown | Self::Inference(_) => "error",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backlog_says_how_long_until_it_has_drained_enough() {
+        let backlog = |expected_ms, budget_ms| RequestError::Backlogged {
+            expected_ms,
+            budget_ms,
+        };
+        let secs = |e: RequestError| e.retry_after().map(|d| d.as_secs());
+        assert_eq!(secs(backlog(2300, 2000)), Some(1), "at least a second");
+        assert_eq!(secs(backlog(5200, 2000)), Some(4), "3.2 s over, rounded up");
+        assert_eq!(
+            secs(RequestError::QueueFull {
+                model: "m".into(),
+                capacity: 4
+            }),
+            Some(1)
+        );
+        assert_eq!(secs(RequestError::DeadlineExceeded { stage: "queued" }), None);
     }
 }

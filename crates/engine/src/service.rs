@@ -29,10 +29,16 @@ use crate::preprocess::{letterbox_into_pool, prepare, Prepared};
 use crate::queue::BatchPolicy;
 use crate::queue_task::{run_queue, Command, Entry, ItemTimings};
 use crate::request::{ImageResult, RequestError, RequestTimings, TensorResult};
-use crate::shared::Shared;
+use crate::shared::{Decoding, Shared};
 use crate::slot::{Slot, SlotOutput};
 use crate::stats::StatsSnapshot;
+use crate::wait::Ahead;
 use crate::{instance, telemetry, EngineError};
+
+/// Estimates are stretched by this much before they are held against a deadline: under
+/// overload the queue settles where estimates meet deadlines, so without headroom the
+/// ordinary spread of batch times would carry a share of admitted requests past theirs.
+const SHED_HEADROOM: f64 = 1.15;
 
 /// How an engine runs one model version.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,8 +59,9 @@ pub struct EngineConfig {
     /// (libjpeg-turbo's scaled IDCT) before the letterbox: much less decoding work, pixels
     /// a little different from a full-size decode (see `DecodeOptions::fit_within`).
     pub jpeg_dct_scaling: bool,
-    /// Refuse (429) a request whose deadline is shorter than the work already queued,
-    /// instead of queueing it to time out (504).
+    /// Refuse (429) a request whose estimated answer (see [`crate::wait`]) comes after its
+    /// deadline, at admission and again after decoding, instead of queueing it to time out
+    /// (504).
     pub shed_on_backlog: bool,
     /// Thresholds for requests that set none.
     pub defaults: DetectParams,
@@ -154,7 +161,7 @@ impl Engine {
             let (weak, shared) = (tx.downgrade(), shared.clone());
             std::thread::Builder::new()
                 .name(format!("model-{}-{i}", shared.config.name))
-                .spawn(move || instance::run_instance(detector, weak, shared))
+                .spawn(move || instance::run_instance(i, detector, weak, shared))
                 .map_err(|e| EngineError::Thread(e.to_string()))?;
         }
         Ok(Self { shared, commands: tx })
@@ -277,7 +284,7 @@ impl Engine {
     }
 
     /// Refuses a request the engine cannot serve in time, before any work is spent on it.
-    fn check_admissible(&self, deadline: Instant) -> Result<(), RequestError> {
+    fn check_admissible(&self, deadline: Instant, decodes: bool) -> Result<(), RequestError> {
         if !self.is_ready() {
             return Err(RequestError::NotReady {
                 model: self.shared.config.name.clone(),
@@ -285,9 +292,24 @@ impl Engine {
         }
         // Refuse now, with a 429 the client can act on, rather than decode and queue a
         // request that will certainly miss its deadline and end as a 504.
-        let expected = self.shared.expected_wait();
-        let budget = deadline.saturating_duration_since(Instant::now());
-        if self.shared.config.shed_on_backlog && expected > budget {
+        self.check_backlog(deadline, self.shared.ahead(), decodes)
+    }
+
+    /// Refuses a request whose estimated answer (see [`crate::wait`]), with headroom for
+    /// the spread of batch times, comes after its deadline. An engine with nothing ahead
+    /// of the request admits it whatever past batches cost, so that it keeps learning.
+    fn check_backlog(&self, deadline: Instant, ahead: Ahead, decodes: bool) -> Result<(), RequestError> {
+        if !self.shared.config.shed_on_backlog {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let wait = self.shared.wait.load();
+        if wait.is_idle(ahead) {
+            return Ok(());
+        }
+        let expected = wait.estimate(ahead, decodes, now).mul_f64(SHED_HEADROOM);
+        let budget = deadline.saturating_duration_since(now);
+        if expected > budget {
             return Err(RequestError::Backlogged {
                 expected_ms: expected.as_millis() as u64,
                 budget_ms: budget.as_millis() as u64,
@@ -365,7 +387,7 @@ impl Engine {
         params: DetectParams,
         deadline: Instant,
     ) -> Result<ImageResult, RequestError> {
-        self.check_admissible(deadline)?;
+        self.check_admissible(deadline, false)?;
         let spec = &self.shared.spec;
         let (width, height) = (jpeg.width as usize, jpeg.height as usize);
         let letterbox = Letterbox::new(width, height, spec.input_width, spec.input_height);
@@ -388,7 +410,8 @@ impl Engine {
         params: DetectParams,
         deadline: Instant,
     ) -> Result<ImageResult, RequestError> {
-        self.check_admissible(deadline)?;
+        self.check_admissible(deadline, true)?;
+        let decoding = Decoding::new(&self.shared.decoding);
         let tokio_deadline = tokio::time::Instant::from_std(deadline);
         let expired = |stage| RequestError::DeadlineExceeded { stage };
         let decoder = tokio::time::timeout_at(tokio_deadline, self.shared.preprocess.acquire())
@@ -403,11 +426,21 @@ impl Engine {
         let prepared = tokio::task::spawn_blocking(move || prepare(&shared))
             .await
             .map_err(|e| RequestError::Inference(format!("the decoder task failed: {e}")))??;
-        drop(decoder);
+        drop((decoder, decoding));
         let decode = started.elapsed();
         if Instant::now() >= deadline {
             self.shared.recycle(prepared.canvas);
             return Err(expired("decoding"));
+        }
+        // The queue may have grown while this image decoded: a request that can no longer
+        // make its deadline is refused before it takes a place in the queue.
+        let queued = Ahead {
+            decoding: 0,
+            queued: self.shared.queued.load(Ordering::Relaxed),
+        };
+        if let Err(refused) = self.check_backlog(deadline, queued, false) {
+            self.shared.recycle(prepared.canvas);
+            return Err(refused);
         }
         let size = (prepared.width, prepared.height);
         self.submit_image(prepared.into_slot(params), deadline, decode, size)
@@ -458,7 +491,7 @@ impl Engine {
                 data.len()
             )));
         }
-        self.check_admissible(deadline)?;
+        self.check_admissible(deadline, false)?;
         let (output, t) = self.submit(Slot::Tensor(data), deadline, Duration::ZERO).await?;
         let SlotOutput::Tensor(data) = output else {
             return Err(RequestError::Inference(

@@ -3,16 +3,17 @@
 //! counters behind deadline-aware shedding. Each mutable part has one writer, named on
 //! its field; the rest only read.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
 use peregrine_backend::ModelDescription;
 use peregrine_vision::DetectorSpec;
 use tokio::sync::{watch, Semaphore};
 
 use crate::stats::EngineStats;
+use crate::wait::{Ahead, WaitEstimator};
 use crate::EngineConfig;
 
 /// How far the instances have got with warming up.
@@ -36,8 +37,11 @@ pub(crate) struct Shared {
     buffers: ArrayQueue<Vec<u8>>,
     /// Images waiting in the batch queue, as the queue task last saw it.
     pub queued: AtomicUsize,
-    /// Recent time of one full batch, in nanoseconds (moving average; 0 until measured).
-    ns_per_batch: AtomicU64,
+    /// Requests decoding or waiting for a decoder: written by the request futures.
+    pub decoding: AtomicUsize,
+    /// The queue task's wait estimator as of its last change: published by the queue task,
+    /// read at admission.
+    pub wait: ArcSwap<WaitEstimator>,
     /// Batches running on the instances right now.
     pub running: AtomicUsize,
     pub stats: EngineStats,
@@ -68,7 +72,13 @@ impl Shared {
             readiness: watch::Sender::new(Readiness::default()),
             buffers: ArrayQueue::new(pool_size),
             queued: AtomicUsize::new(0),
-            ns_per_batch: AtomicU64::new(0),
+            decoding: AtomicUsize::new(0),
+            wait: ArcSwap::from_pointee(WaitEstimator::new(
+                policy.max_batch,
+                config.instances,
+                config.preprocess_threads,
+                policy.max_delay,
+            )),
             running: AtomicUsize::new(0),
             stats: EngineStats::new(policy.max_batch),
             output_shape: OnceLock::new(),
@@ -99,28 +109,28 @@ impl Shared {
         });
     }
 
-    /// How long a request arriving now would wait for its result: the batches queued
-    /// ahead of it (counted as full ones) plus those running, shared among the instances.
-    /// Nothing queued and nothing running means no wait, whatever past batches cost, so a
-    /// slow spell can never lock the engine into refusing everything.
-    pub fn expected_wait(&self) -> Duration {
-        let queued = self.queued.load(Ordering::Relaxed);
-        let running = self.running.load(Ordering::Relaxed);
-        let batches = queued.div_ceil(self.config.policy.max_batch.max(1)) + running;
-        let per_batch = self.ns_per_batch.load(Ordering::Relaxed);
-        Duration::from_nanos(per_batch.saturating_mul(batches as u64) / self.config.instances.max(1) as u64)
-    }
-
-    /// Folds a full-size batch's time into the moving average (smaller batches say little
-    /// about the cost of the full ones that a backlog is made of).
-    pub fn record_batch_time(&self, batch: Duration, images: usize) {
-        if images < self.config.policy.max_batch {
-            return;
+    /// What a request arriving now has in front of it, besides the running batches.
+    pub fn ahead(&self) -> Ahead {
+        Ahead {
+            decoding: self.decoding.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
         }
-        let sample = u64::try_from(batch.as_nanos()).unwrap_or(u64::MAX);
-        let old = self.ns_per_batch.load(Ordering::Relaxed);
-        // A short moving average: follows the machine's speed within a few batches.
-        let new = if old == 0 { sample } else { (old * 7 + sample) / 8 };
-        self.ns_per_batch.store(new, Ordering::Relaxed);
+    }
+}
+
+/// Counts one request as decoding (waiting for a decoder or holding one) while it lives,
+/// however the request ends.
+pub(crate) struct Decoding<'a>(&'a AtomicUsize);
+
+impl<'a> Decoding<'a> {
+    pub fn new(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for Decoding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

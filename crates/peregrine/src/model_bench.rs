@@ -73,11 +73,7 @@ struct Measured {
 }
 
 /// Runs `inputs` on `detector` (two unmeasured runs first) for `seconds`.
-fn measure(
-    detector: &mut peregrine_engine::Detector,
-    inputs: &[Slot],
-    seconds: f64,
-) -> Result<Measured> {
+fn measure(detector: &mut peregrine_engine::Detector, inputs: &[Slot], seconds: f64) -> Result<Measured> {
     for _ in 0..2 {
         detector.run_prepared(inputs)?;
     }
