@@ -78,8 +78,12 @@ impl AppState {
     fn engine(&self, name: Option<&str>, version: Option<u64>) -> Result<Engine, ApiError> {
         let snapshot = self.registry.snapshot();
         let named = name.or(self.default_model.as_deref());
-        let name = peregrine_types::named_or_only(named, snapshot.models.keys().map(String::as_str))
-            .map_err(|e| ApiError::BadRequest(format!("name a model (?model=NAME); {e}")))?;
+        let name = match peregrine_types::named_or_only(named, snapshot.models.keys().map(String::as_str)) {
+            Ok(name) => name,
+            // Before start-up has listed its models, "none to choose from" means "not yet".
+            Err(_) if !snapshot.started => return Err(starting()),
+            Err(e) => return Err(ApiError::BadRequest(format!("name a model (?model=NAME); {e}"))),
+        };
         match snapshot.engine(name, version) {
             Err(LookupError::UnknownModel { .. }) if !snapshot.started => Err(starting()),
             other => Ok(other?),

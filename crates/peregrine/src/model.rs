@@ -54,8 +54,13 @@ pub fn detect_params(args: &ThresholdArgs, names: &ClassNames) -> Result<DetectP
         conf: Some(args.conf),
         iou: Some(args.iou),
         max_det: Some(args.max_det),
-        classes: (!args.classes.is_empty())
-            .then(|| args.classes.iter().map(String::as_str).map(ClassRef::parse).collect()),
+        classes: (!args.classes.is_empty()).then(|| {
+            args.classes
+                .iter()
+                .map(String::as_str)
+                .map(ClassRef::parse)
+                .collect()
+        }),
     }
     .resolve(&DetectParams::default(), names)
 }

@@ -11,7 +11,10 @@ const MARKER: &str = "<!-- crate dependencies: checked by crates/peregrine/tests
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 fn read_toml(path: &Path) -> toml::Table {
@@ -27,7 +30,9 @@ fn short_name(package: &str) -> String {
 /// Each workspace member and the workspace crates among its normal dependencies.
 fn cargo_graph(root: &Path) -> Graph {
     let workspace = read_toml(&root.join("Cargo.toml"));
-    let members = workspace["workspace"]["members"].as_array().expect("workspace.members");
+    let members = workspace["workspace"]["members"]
+        .as_array()
+        .expect("workspace.members");
     let mut packages = Vec::new();
     for member in members {
         let manifest = read_toml(&root.join(member.as_str().unwrap()).join("Cargo.toml"));
@@ -43,7 +48,11 @@ fn cargo_graph(root: &Path) -> Graph {
     packages
         .into_iter()
         .map(|(name, deps)| {
-            let internal = deps.iter().filter(|d| names.contains(*d)).map(|d| short_name(d)).collect();
+            let internal = deps
+                .iter()
+                .filter(|d| names.contains(*d))
+                .map(|d| short_name(d))
+                .collect();
             (short_name(&name), internal)
         })
         .collect()
@@ -51,18 +60,29 @@ fn cargo_graph(root: &Path) -> Graph {
 
 /// The fenced block after [`MARKER`]: one `crate: dep, dep` line per crate (`-` for none).
 fn documented_graph(text: &str) -> Graph {
-    let after = text.split_once(MARKER).expect("ARCHITECTURE.md lacks the dependency table marker").1;
-    let block = after.split("```").nth(1).expect("a fenced block after the marker");
+    let after = text
+        .split_once(MARKER)
+        .expect("ARCHITECTURE.md lacks the dependency table marker")
+        .1;
+    let block = after
+        .split("```")
+        .nth(1)
+        .expect("a fenced block after the marker");
     let mut graph = Graph::new();
     for line in block.lines().skip(1).map(str::trim).filter(|l| !l.is_empty()) {
-        let (name, deps) = line.split_once(':').unwrap_or_else(|| panic!("`{line}`: expected `crate: deps`"));
+        let (name, deps) = line
+            .split_once(':')
+            .unwrap_or_else(|| panic!("`{line}`: expected `crate: deps`"));
         let deps = deps
             .split(',')
             .map(str::trim)
             .filter(|d| !d.is_empty() && *d != "-")
             .map(str::to_string)
             .collect();
-        assert!(graph.insert(name.trim().to_string(), deps).is_none(), "{name} listed twice");
+        assert!(
+            graph.insert(name.trim().to_string(), deps).is_none(),
+            "{name} listed twice"
+        );
     }
     graph
 }
@@ -73,15 +93,24 @@ fn architecture_lists_the_real_crate_dependencies() {
     let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
     let documented = documented_graph(&text);
     let actual = cargo_graph(&root);
-    assert!(actual.len() >= 8, "expected the workspace's crates, found {actual:?}");
+    assert!(
+        actual.len() >= 8,
+        "expected the workspace's crates, found {actual:?}"
+    );
     for (name, deps) in &actual {
         let claimed = documented
             .get(name)
             .unwrap_or_else(|| panic!("ARCHITECTURE.md's table does not list crate `{name}`"));
-        assert_eq!(claimed, deps, "ARCHITECTURE.md: dependencies of `{name}` (documented vs Cargo.toml)");
+        assert_eq!(
+            claimed, deps,
+            "ARCHITECTURE.md: dependencies of `{name}` (documented vs Cargo.toml)"
+        );
     }
     for name in documented.keys() {
-        assert!(actual.contains_key(name), "ARCHITECTURE.md lists `{name}`, which is no workspace member");
+        assert!(
+            actual.contains_key(name),
+            "ARCHITECTURE.md lists `{name}`, which is no workspace member"
+        );
     }
 }
 
