@@ -62,6 +62,13 @@ def launch(args):
     return proc, addresses["http"], addresses["grpc"]
 
 
+@pytest.fixture
+def launch_server():
+    """`launch` for tests that start a server of their own (a fixture, because the
+    `conftest` module name is shared with tests/video in one pytest run)."""
+    return launch
+
+
 @pytest.fixture(scope="session")
 def server():
     repo = pathlib.Path(tempfile.mkdtemp(prefix="peregrine-triton-"))

@@ -5,7 +5,6 @@ is warm, SERVING once it is, NOT_FOUND for a service the server does not have.""
 import grpc
 import pytest
 
-from conftest import launch
 
 SERVING, NOT_SERVING = 1, 2
 SERVICES = ["", "inference.GRPCInferenceService"]
@@ -36,6 +35,11 @@ def test_check_and_watch_on_a_ready_server(server):
     with grpc.insecure_channel(server.grpc) as channel:
         check, watch = health(channel)
         for service in SERVICES:
+            # Health follows readiness within a moment (the server re-reads it every
+            # 200 ms): Watch until it says SERVING, then Check must agree.
+            updates = watch(service, timeout=10)
+            assert SERVING in updates, service
+            updates.cancel()
             assert check(service, timeout=10) == SERVING, service
         with pytest.raises(grpc.RpcError) as e:
             check("no.such.Service", timeout=10)
@@ -48,10 +52,10 @@ def test_check_and_watch_on_a_ready_server(server):
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_not_serving_while_warming_up_then_serving():
+def test_not_serving_while_warming_up_then_serving(launch_server):
     # Warming eight batch sizes (1 + 2 + ... + 8 images) takes seconds, so the first Check
     # lands while the model is still loading.
-    proc, _, address = launch(["--max-batch", "8"])
+    proc, _, address = launch_server(["--max-batch", "8"])
     try:
         with grpc.insecure_channel(address) as channel:
             check, watch = health(channel)
