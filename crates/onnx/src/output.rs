@@ -118,113 +118,12 @@ pub(crate) fn rewrite_output(
     anchors: Option<u64>,
     top_k: usize,
 ) -> (TensorSpec, usize) {
-    let rows = 4 + num_classes as i64;
     // ONNX shapes are int64; no graph has more anchors than that anyway.
     let top_k = top_k.min(i64::MAX as usize);
+    let best = best_class_per_anchor(edit, head, 4 + num_classes as i64);
+    let (k_input, k_rows, k_dim) = candidate_count(edit, &best.score, anchors, top_k);
+    let rows_first = top_candidates(edit, &best, &k_input);
     let b = Place::Back;
-    let h = match head.element {
-        ElementType::F16 => edit.node(
-            b,
-            "Cast",
-            "head_f32",
-            &[&head.name],
-            vec![attr_int("to", DataType::Float as i64)],
-        ),
-        _ => head.name.clone(),
-    };
-    let boxes = slice(edit, "cxcywh_all", &h, 1, 0, 4);
-    let scores = slice(edit, "class_scores", &h, 1, 4, rows);
-    let best = if edit.opset >= 18 {
-        let axes = edit.const_i64("axes", &[1], &[1]);
-        edit.node(
-            b,
-            "ReduceMax",
-            "best_score",
-            &[&scores, &axes],
-            vec![attr_int("keepdims", 0)],
-        )
-    } else {
-        let attrs = vec![attr_ints("axes", &[1]), attr_int("keepdims", 0)];
-        edit.node(b, "ReduceMax", "best_score", &[&scores], attrs)
-    };
-    let class = edit.node(
-        b,
-        "ArgMax",
-        "best_class",
-        &[&scores],
-        vec![
-            attr_int("axis", 1),
-            attr_int("keepdims", 0),
-            attr_int("select_last_index", 0),
-        ],
-    );
-
-    // k = min(K, A); TopK fails outright when asked for more elements than there are.
-    let (k_input, k_rows, k_dim) = match anchors {
-        Some(a) => {
-            let k = (top_k as u64).min(a);
-            let name = edit.const_i64("k", &[1], &[k as i64]);
-            (name, k as usize, Dim::Fixed(k))
-        }
-        None => {
-            let shape = edit.node(b, "Shape", "best_shape", &[&best], vec![]);
-            let one = edit.const_i64("index_1", &[1], &[1]);
-            let a = edit.node(b, "Gather", "anchors", &[&shape, &one], vec![attr_int("axis", 0)]);
-            let want = edit.const_i64("top_k", &[1], &[top_k as i64]);
-            let k = edit.node(b, "Min", "k", &[&a, &want], vec![]);
-            // A dim_param, not a tensor name: its own namespace.
-            (k, top_k, Dim::Named(CANDIDATES.into()))
-        }
-    };
-    let top = edit.node_n(
-        b,
-        "TopK",
-        &[&best, &k_input],
-        &["top_score", "top_index"],
-        vec![attr_int("axis", 1), attr_int("largest", 1), attr_int("sorted", 1)],
-    );
-    let (top_score, top_index) = (&top[0], &top[1]);
-
-    let index = unsqueeze(edit, b, "top_index_3d", top_index, 1);
-    let four = edit.const_i64("expand_shape", &[3], &[1, 4, 1]);
-    let index4 = edit.node(b, "Expand", "top_index_4", &[&index, &four], vec![]);
-    let cxcywh = edit.node(
-        b,
-        "GatherElements",
-        "cxcywh",
-        &[&boxes, &index4],
-        vec![attr_int("axis", 2)],
-    );
-    let top_class = edit.node(
-        b,
-        "GatherElements",
-        "top_class",
-        &[&class, top_index],
-        vec![attr_int("axis", 1)],
-    );
-
-    let xy = slice(edit, "cxcy", &cxcywh, 1, 0, 2);
-    let wh = slice(edit, "wh", &cxcywh, 1, 2, 4);
-    let two = edit.const_f32("two", 2.0);
-    let half = edit.node(b, "Div", "half_wh", &[&wh, &two], vec![]);
-    let x1y1 = edit.node(b, "Sub", "x1y1", &[&xy, &half], vec![]);
-    let x2y2 = edit.node(b, "Add", "x2y2", &[&xy, &half], vec![]);
-    let score = unsqueeze(edit, b, "score_row", top_score, 1);
-    let class_f = edit.node(
-        b,
-        "Cast",
-        "top_class_f32",
-        &[&top_class],
-        vec![attr_int("to", DataType::Float as i64)],
-    );
-    let class_row = unsqueeze(edit, b, "class_row", &class_f, 1);
-    let rows_first = edit.node(
-        b,
-        "Concat",
-        "candidates_nck",
-        &[&x1y1, &x2y2, &score, &class_row],
-        vec![attr_int("axis", 1)],
-    );
     let out_name = edit.unique(CANDIDATES);
     edit.push(
         b,
@@ -251,6 +150,135 @@ pub(crate) fn rewrite_output(
         graph.value_info.push(old);
     }
     (out, k_rows)
+}
+
+/// Per anchor of the head `[N, 4 + classes, A]`: its box rows, best score and best class.
+struct BestPerAnchor {
+    boxes: String,
+    score: String,
+    class: String,
+}
+
+fn best_class_per_anchor(edit: &mut GraphEdit, head: &TensorSpec, rows: i64) -> BestPerAnchor {
+    let b = Place::Back;
+    let h = match head.element {
+        ElementType::F16 => edit.node(
+            b,
+            "Cast",
+            "head_f32",
+            &[&head.name],
+            vec![attr_int("to", DataType::Float as i64)],
+        ),
+        _ => head.name.clone(),
+    };
+    let boxes = slice(edit, "cxcywh_all", &h, 1, 0, 4);
+    let scores = slice(edit, "class_scores", &h, 1, 4, rows);
+    let score = if edit.opset >= 18 {
+        let axes = edit.const_i64("axes", &[1], &[1]);
+        edit.node(
+            b,
+            "ReduceMax",
+            "best_score",
+            &[&scores, &axes],
+            vec![attr_int("keepdims", 0)],
+        )
+    } else {
+        let attrs = vec![attr_ints("axes", &[1]), attr_int("keepdims", 0)];
+        edit.node(b, "ReduceMax", "best_score", &[&scores], attrs)
+    };
+    let class = edit.node(
+        b,
+        "ArgMax",
+        "best_class",
+        &[&scores],
+        vec![
+            attr_int("axis", 1),
+            attr_int("keepdims", 0),
+            attr_int("select_last_index", 0),
+        ],
+    );
+    BestPerAnchor { boxes, score, class }
+}
+
+/// k = min(K, A), as the tensor TopK reads, the most rows it gives and its output dim.
+/// TopK fails outright when asked for more elements than there are.
+fn candidate_count(
+    edit: &mut GraphEdit,
+    best: &str,
+    anchors: Option<u64>,
+    top_k: usize,
+) -> (String, usize, Dim) {
+    let b = Place::Back;
+    match anchors {
+        Some(a) => {
+            let k = (top_k as u64).min(a);
+            let name = edit.const_i64("k", &[1], &[k as i64]);
+            (name, k as usize, Dim::Fixed(k))
+        }
+        None => {
+            let shape = edit.node(b, "Shape", "best_shape", &[best], vec![]);
+            let one = edit.const_i64("index_1", &[1], &[1]);
+            let a = edit.node(b, "Gather", "anchors", &[&shape, &one], vec![attr_int("axis", 0)]);
+            let want = edit.const_i64("top_k", &[1], &[top_k as i64]);
+            let k = edit.node(b, "Min", "k", &[&a, &want], vec![]);
+            // A dim_param, not a tensor name: its own namespace.
+            (k, top_k, Dim::Named(CANDIDATES.into()))
+        }
+    }
+}
+
+/// The k best anchors as `[N, 6, k]` rows of x1, y1, x2, y2, score, class.
+fn top_candidates(edit: &mut GraphEdit, best: &BestPerAnchor, k_input: &str) -> String {
+    let b = Place::Back;
+    let top = edit.node_n(
+        b,
+        "TopK",
+        &[&best.score, k_input],
+        &["top_score", "top_index"],
+        vec![attr_int("axis", 1), attr_int("largest", 1), attr_int("sorted", 1)],
+    );
+    let (top_score, top_index) = (&top[0], &top[1]);
+
+    let index = unsqueeze(edit, b, "top_index_3d", top_index, 1);
+    let four = edit.const_i64("expand_shape", &[3], &[1, 4, 1]);
+    let index4 = edit.node(b, "Expand", "top_index_4", &[&index, &four], vec![]);
+    let cxcywh = edit.node(
+        b,
+        "GatherElements",
+        "cxcywh",
+        &[&best.boxes, &index4],
+        vec![attr_int("axis", 2)],
+    );
+    let top_class = edit.node(
+        b,
+        "GatherElements",
+        "top_class",
+        &[&best.class, top_index],
+        vec![attr_int("axis", 1)],
+    );
+
+    let xy = slice(edit, "cxcy", &cxcywh, 1, 0, 2);
+    let wh = slice(edit, "wh", &cxcywh, 1, 2, 4);
+    let two = edit.const_f32("two", 2.0);
+    let half = edit.node(b, "Div", "half_wh", &[&wh, &two], vec![]);
+    let x1y1 = edit.node(b, "Sub", "x1y1", &[&xy, &half], vec![]);
+    let x2y2 = edit.node(b, "Add", "x2y2", &[&xy, &half], vec![]);
+    let score = unsqueeze(edit, b, "score_row", top_score, 1);
+    let class_f = edit.node(
+        b,
+        "Cast",
+        "top_class_f32",
+        &[&top_class],
+        vec![attr_int("to", DataType::Float as i64)],
+    );
+    let class_row = unsqueeze(edit, b, "class_row", &class_f, 1);
+    edit.node(
+        b,
+        "Concat",
+        "candidates_nck",
+        &[&x1y1, &x2y2, &score, &class_row],
+        vec![attr_int("axis", 1)],
+    )
 }
 
 #[cfg(test)]

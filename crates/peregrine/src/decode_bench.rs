@@ -95,15 +95,9 @@ fn cpu_times() -> Result<(Duration, Duration)> {
     Ok((t(ticks(11)?), t(ticks(12)?)))
 }
 
-pub fn run(args: DecodeBenchArgs) -> Result<ExitCode> {
-    anyhow::ensure!(
-        !args.threads.is_empty() && args.threads.iter().all(|&t| t > 0),
-        "--threads counts must be at least 1"
-    );
-    anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
-    anyhow::ensure!(args.imgsz > 0, "--imgsz must be at least 1");
-    crate::serve::keep_large_allocations_out_of_the_heap(args.malloc_mmap_threshold);
-    let (paths, problems) = crate::inputs::expand(&args.images);
+/// Every image the arguments name, read into memory.
+fn read_images(args: &[String]) -> Result<Vec<(PathBuf, Vec<u8>)>> {
+    let (paths, problems) = crate::inputs::expand(args);
     anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
     let files: Vec<(PathBuf, Vec<u8>)> = paths
         .into_iter()
@@ -113,6 +107,54 @@ pub fn run(args: DecodeBenchArgs) -> Result<ExitCode> {
         })
         .collect::<Result<_>>()?;
     anyhow::ensure!(!files.is_empty(), "no images found");
+    Ok(files)
+}
+
+/// One CPU decoder thread: decode and letterbox images in turn, from image `first` on,
+/// as the server's decode pool does, until `stop`.
+fn cpu_decoder(
+    images: &[Vec<u8>],
+    reuse: bool,
+    fit: Option<(usize, usize)>,
+    imgsz: usize,
+    first: usize,
+    stop: &AtomicBool,
+    done: &AtomicU64,
+) -> Result<()> {
+    let mut canvas = LetterboxCanvas::new();
+    let mut out = Vec::new();
+    let mut buffer = Vec::new();
+    let mut i = first;
+    while !stop.load(Ordering::Relaxed) {
+        let mut options = DecodeOptions {
+            buffer: if reuse {
+                std::mem::take(&mut buffer)
+            } else {
+                Vec::new()
+            },
+            fit_within: fit,
+        };
+        let img = decode_image_with(&images[i % images.len()], DecodeLimits::default(), &mut options)?;
+        let size = (img.width() as usize, img.height() as usize);
+        canvas.fill_into_from(ImageView::from(&img.rgb), size, imgsz, imgsz, &mut out);
+        if reuse {
+            buffer = img.rgb.into_raw();
+        }
+        done.fetch_add(1, Ordering::Relaxed);
+        i += 1;
+    }
+    Ok(())
+}
+
+pub fn run(args: DecodeBenchArgs) -> Result<ExitCode> {
+    anyhow::ensure!(
+        !args.threads.is_empty() && args.threads.iter().all(|&t| t > 0),
+        "--threads counts must be at least 1"
+    );
+    anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
+    anyhow::ensure!(args.imgsz > 0, "--imgsz must be at least 1");
+    crate::serve::keep_large_allocations_out_of_the_heap(args.malloc_mmap_threshold);
+    let files = read_images(&args.images)?;
     anyhow::ensure!(
         !args.parity_only || args.gpu_batch > 0,
         "--parity-only compares the GPU's canvases with the CPU's: give --gpu-batch too"
@@ -140,37 +182,8 @@ pub fn run(args: DecodeBenchArgs) -> Result<ExitCode> {
                         return scope
                             .spawn(move || gpu::run_decoder(images, batch, imgsz, device, t, stop, done));
                     }
-                    let reuse = args.reuse_buffers;
-                    let imgsz = args.imgsz;
-                    scope.spawn(move || -> Result<()> {
-                        let mut canvas = LetterboxCanvas::new();
-                        let mut out = Vec::new();
-                        let mut buffer = Vec::new();
-                        let mut i = t;
-                        while !stop.load(Ordering::Relaxed) {
-                            let mut options = DecodeOptions {
-                                buffer: if reuse {
-                                    std::mem::take(&mut buffer)
-                                } else {
-                                    Vec::new()
-                                },
-                                fit_within: fit,
-                            };
-                            let img = decode_image_with(
-                                &images[i % images.len()],
-                                DecodeLimits::default(),
-                                &mut options,
-                            )?;
-                            let size = (img.width() as usize, img.height() as usize);
-                            canvas.fill_into_from(ImageView::from(&img.rgb), size, imgsz, imgsz, &mut out);
-                            if reuse {
-                                buffer = img.rgb.into_raw();
-                            }
-                            done.fetch_add(1, Ordering::Relaxed);
-                            i += 1;
-                        }
-                        Ok(())
-                    })
+                    let (reuse, imgsz) = (args.reuse_buffers, args.imgsz);
+                    scope.spawn(move || cpu_decoder(images, reuse, fit, imgsz, t, stop, done))
                 })
                 .collect();
             std::thread::sleep(Duration::from_secs_f64(args.seconds));

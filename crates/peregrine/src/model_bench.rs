@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use peregrine_engine::Slot;
 use peregrine_types::DetectParams;
-use peregrine_vision::{decode_image, ImageView, Letterbox, LetterboxCanvas};
+use peregrine_vision::{decode_image, DetectorSpec, ImageView, Letterbox, LetterboxCanvas};
 use serde::Serialize;
 
 use crate::cli::ModelArgs;
@@ -102,6 +102,56 @@ fn percentile(sorted: &[Duration], q: f64) -> f64 {
     sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
+/// Every named image letterboxed for the model (a gray canvas when none is named).
+fn prepare_canvases(images: &[String], spec: &DetectorSpec) -> Result<Vec<(Vec<u8>, Letterbox)>> {
+    let mut scratch = LetterboxCanvas::new();
+    let (paths, problems) = crate::inputs::expand(images);
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
+    let mut prepared: Vec<(Vec<u8>, Letterbox)> = Vec::new();
+    for p in &paths {
+        let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+        let img = decode_image(&bytes, Default::default()).with_context(|| p.display().to_string())?;
+        let mut canvas = Vec::new();
+        let lb =
+            peregrine_engine::Detector::prepare(spec, ImageView::from(&img.rgb), &mut scratch, &mut canvas);
+        prepared.push((canvas, lb));
+    }
+    if prepared.is_empty() {
+        let lb = Letterbox::new(
+            spec.input_width,
+            spec.input_height,
+            spec.input_width,
+            spec.input_height,
+        );
+        prepared.push((vec![Letterbox::PAD_VALUE; spec.image_len()], lb));
+    }
+    Ok(prepared)
+}
+
+/// One batch size's figures over every instance's measured runs.
+fn figures_of(runs: &[Measured], batch: usize, instances: usize) -> BatchFigures {
+    let mut times: Vec<Duration> = runs.iter().flat_map(|m| m.times.iter().copied()).collect();
+    times.sort();
+    let total = times.len();
+    let sum = |f: fn(&Measured) -> Duration| runs.iter().map(f).sum::<Duration>();
+    let mean = |d: Duration| d.as_secs_f64() * 1e3 / total as f64;
+    BatchFigures {
+        batch,
+        instances,
+        runs: total,
+        // Each instance's rate over its own measured window, summed.
+        images_per_s: runs
+            .iter()
+            .map(|m| (m.times.len() * batch) as f64 / m.window.as_secs_f64().max(1e-9))
+            .sum(),
+        batch_ms_p50: percentile(&times, 0.5),
+        batch_ms_p99: percentile(&times, 0.99),
+        normalize_ms_mean: mean(sum(|m| m.norm)),
+        model_ms_mean: mean(sum(|m| m.model)),
+        postprocess_ms_mean: mean(sum(|m| m.post)),
+    }
+}
+
 pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
     anyhow::ensure!(
         !args.batch.is_empty() && args.batch.iter().all(|&b| b > 0),
@@ -122,27 +172,7 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
     };
     let mut loaded_for = args.batch[0];
     let spec = detectors[0].spec().clone();
-    let mut scratch = LetterboxCanvas::new();
-    let (paths, problems) = crate::inputs::expand(&args.images);
-    anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
-    let mut prepared: Vec<(Vec<u8>, Letterbox)> = Vec::new();
-    for p in &paths {
-        let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-        let img = decode_image(&bytes, Default::default()).with_context(|| p.display().to_string())?;
-        let mut canvas = Vec::new();
-        let lb =
-            peregrine_engine::Detector::prepare(&spec, ImageView::from(&img.rgb), &mut scratch, &mut canvas);
-        prepared.push((canvas, lb));
-    }
-    if prepared.is_empty() {
-        let lb = Letterbox::new(
-            spec.input_width,
-            spec.input_height,
-            spec.input_width,
-            spec.input_height,
-        );
-        prepared.push((vec![Letterbox::PAD_VALUE; spec.image_len()], lb));
-    }
+    let prepared = prepare_canvases(&args.images, &spec)?;
     let params = DetectParams::default();
     let mut figures = Vec::new();
     for &batch in &args.batch {
@@ -179,26 +209,7 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
                 .map(|h| h.join().expect("a benchmark thread panicked"))
                 .collect::<Result<Vec<_>>>()
         })?;
-        let mut times: Vec<Duration> = runs.iter().flat_map(|m| m.times.iter().copied()).collect();
-        times.sort();
-        let total = times.len();
-        let sum = |f: fn(&Measured) -> Duration| runs.iter().map(f).sum::<Duration>();
-        let mean = |d: Duration| d.as_secs_f64() * 1e3 / total as f64;
-        let f = BatchFigures {
-            batch,
-            instances: args.instances,
-            runs: total,
-            // Each instance's rate over its own measured window, summed.
-            images_per_s: runs
-                .iter()
-                .map(|m| (m.times.len() * batch) as f64 / m.window.as_secs_f64().max(1e-9))
-                .sum(),
-            batch_ms_p50: percentile(&times, 0.5),
-            batch_ms_p99: percentile(&times, 0.99),
-            normalize_ms_mean: mean(sum(|m| m.norm)),
-            model_ms_mean: mean(sum(|m| m.model)),
-            postprocess_ms_mean: mean(sum(|m| m.post)),
-        };
+        let f = figures_of(&runs, batch, args.instances);
         println!(
             "batch {:>3} x{}: {:>8.2} img/s  batch p50 {:>8.2} ms  p99 {:>8.2} ms  (normalize {:.2}, model {:.2}, postprocess {:.2} ms)",
             f.batch, f.instances, f.images_per_s, f.batch_ms_p50, f.batch_ms_p99, f.normalize_ms_mean, f.model_ms_mean, f.postprocess_ms_mean

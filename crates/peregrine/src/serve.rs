@@ -12,7 +12,7 @@ use peregrine_registry::{
     FixedModel, ModelConfigFile, ModelRegistry, ModelSource, OrtLoader, RegistryConfig, Startup, Weights,
 };
 use peregrine_video::ConfiguredSinks;
-use peregrine_video::{ManagerOptions, StreamManager, VideoConfig};
+use peregrine_video::{ManagerOptions, StreamManager, StreamManagerHandle, VideoConfig};
 use tokio::sync::watch;
 
 use crate::video::EngineFrames;
@@ -96,20 +96,7 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<tokio::net::TcpListen
 async fn serve(s: ServeSettings) -> Result<ExitCode> {
     let metrics = peregrine_api::install_metrics_recorder().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
     let registry = ModelRegistry::start(registry_config(&s), Arc::new(OrtLoader));
-    let video = VideoConfig {
-        streams: s.streams.clone(),
-        mqtt: s.mqtt.clone(),
-        webhooks: s.webhooks.clone(),
-    };
-    let sinks = ConfiguredSinks::start(&video).context("starting the video sinks")?;
-    let mut options = ManagerOptions::new(Arc::new(EngineFrames {
-        registry: registry.clone(),
-        model: s.stream_model.clone(),
-    }));
-    options.sinks = sinks.queues();
-    let streams = StreamManager::start(options, video.streams.clone())
-        .await
-        .context("starting the video streams")?;
+    let (sinks, streams) = start_video(&s, &registry).await?;
     let drain = Arc::new(Drain::default());
     let state = AppState {
         registry: registry.clone(),
@@ -124,66 +111,11 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         metrics,
         drain: drain.clone(),
     };
-    let listener = bind(&s.host, s.port, "HTTP").await?;
-    let local = listener.local_addr()?;
-    tracing::info!(address = %local, "HTTP listening");
-    // Tests and scripts read these lines to learn the ports when started with port 0.
-    eprintln!("peregrine: listening on http://{local}");
-    let grpc_listener = match s.allow_grpc {
-        true => {
-            let l = bind(&s.host, s.grpc_port, "gRPC").await?;
-            let grpc_local = l.local_addr()?;
-            tracing::info!(address = %grpc_local, "gRPC listening");
-            eprintln!("peregrine: gRPC listening on {grpc_local}");
-            Some(l)
-        }
-        false => None,
-    };
+    let (listener, grpc_listener) = listen(&s).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let failed_start = Arc::new(AtomicBool::new(false));
-    {
-        let (registry, stop_tx, failed) = (registry.clone(), stop_tx.clone(), failed_start.clone());
-        let drain = drain.clone();
-        tokio::spawn(async move {
-            let errors = registry.wait_started().await;
-            if errors.is_empty() {
-                tracing::info!("every start-up model is loaded and warmed up; ready");
-                return;
-            }
-            for e in &errors {
-                eprintln!("peregrine: {e}");
-            }
-            tracing::error!(
-                failures = errors.len(),
-                "models failed to load at start-up; stopping"
-            );
-            failed.store(true, Ordering::Relaxed);
-            drain.start();
-            let _ = stop_tx.send(true);
-        });
-    }
-    {
-        let drain = drain.clone();
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            drain.start();
-            tracing::info!(
-                in_flight = drain.in_flight(),
-                "shutdown signal received; new requests get 503 while in-flight ones finish"
-            );
-            let _ = stop_tx.send(true);
-        });
-    }
-    {
-        // Streams stop as soon as shutdown begins: their event feeds (SSE) end, so the HTTP
-        // drain does not wait on them, and no new frames reach the engines.
-        let (streams, mut stop) = (streams.clone(), stop_rx.clone());
-        tokio::spawn(async move {
-            let _ = stop.wait_for(|stop| *stop).await;
-            let _ = streams.shutdown().await;
-        });
-    }
+    spawn_shutdown_triggers(&registry, &drain, &streams, stop_tx, &stop_rx, &failed_start);
     // The listeners stay open while draining, so that load balancers see the 503s and
     // NOT_SERVING, and close once the last admitted request is answered.
     let grpc = grpc_listener.map(|l| {
@@ -227,6 +159,102 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
     // The sinks flush what the stopped streams left (MQTT then says `offline`).
     sinks.shut_down().await;
     outcome
+}
+
+/// The sinks and the stream manager, whose streams detect through the registry's engines.
+async fn start_video(
+    s: &ServeSettings,
+    registry: &ModelRegistry,
+) -> Result<(ConfiguredSinks, StreamManagerHandle)> {
+    let video = VideoConfig {
+        streams: s.streams.clone(),
+        mqtt: s.mqtt.clone(),
+        webhooks: s.webhooks.clone(),
+    };
+    let sinks = ConfiguredSinks::start(&video).context("starting the video sinks")?;
+    let mut options = ManagerOptions::new(Arc::new(EngineFrames {
+        registry: registry.clone(),
+        model: s.stream_model.clone(),
+    }));
+    options.sinks = sinks.queues();
+    let streams = StreamManager::start(options, video.streams.clone())
+        .await
+        .context("starting the video streams")?;
+    Ok((sinks, streams))
+}
+
+/// The HTTP listener and, unless gRPC is off, the gRPC one.
+async fn listen(s: &ServeSettings) -> Result<(tokio::net::TcpListener, Option<tokio::net::TcpListener>)> {
+    let listener = bind(&s.host, s.port, "HTTP").await?;
+    let local = listener.local_addr()?;
+    tracing::info!(address = %local, "HTTP listening");
+    // Tests and scripts read these lines to learn the ports when started with port 0.
+    eprintln!("peregrine: listening on http://{local}");
+    let grpc_listener = match s.allow_grpc {
+        true => {
+            let l = bind(&s.host, s.grpc_port, "gRPC").await?;
+            let grpc_local = l.local_addr()?;
+            tracing::info!(address = %grpc_local, "gRPC listening");
+            eprintln!("peregrine: gRPC listening on {grpc_local}");
+            Some(l)
+        }
+        false => None,
+    };
+    Ok((listener, grpc_listener))
+}
+
+/// What starts the drain: models failing at start-up (then the process exits with an
+/// error) or a signal; and what the drain stops at once: the streams.
+fn spawn_shutdown_triggers(
+    registry: &ModelRegistry,
+    drain: &Arc<Drain>,
+    streams: &StreamManagerHandle,
+    stop_tx: watch::Sender<bool>,
+    stop_rx: &watch::Receiver<bool>,
+    failed_start: &Arc<AtomicBool>,
+) {
+    {
+        let (registry, stop_tx, failed) = (registry.clone(), stop_tx.clone(), failed_start.clone());
+        let drain = drain.clone();
+        tokio::spawn(async move {
+            let errors = registry.wait_started().await;
+            if errors.is_empty() {
+                tracing::info!("every start-up model is loaded and warmed up; ready");
+                return;
+            }
+            for e in &errors {
+                eprintln!("peregrine: {e}");
+            }
+            tracing::error!(
+                failures = errors.len(),
+                "models failed to load at start-up; stopping"
+            );
+            failed.store(true, Ordering::Relaxed);
+            drain.start();
+            let _ = stop_tx.send(true);
+        });
+    }
+    {
+        let drain = drain.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            drain.start();
+            tracing::info!(
+                in_flight = drain.in_flight(),
+                "shutdown signal received; new requests get 503 while in-flight ones finish"
+            );
+            let _ = stop_tx.send(true);
+        });
+    }
+    {
+        // Streams stop as soon as shutdown begins: their event feeds (SSE) end, so the HTTP
+        // drain does not wait on them, and no new frames reach the engines.
+        let (streams, mut stop) = (streams.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+            let _ = streams.shutdown().await;
+        });
+    }
 }
 
 async fn wait_for_signal() {

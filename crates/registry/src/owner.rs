@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use tokio::sync::{mpsc, watch};
 
-use super::plan::{plan_sync, Origin};
+use super::plan::{plan_sync, Origin, SyncPlan};
 use super::settings::ModelSettings;
-use super::store::{StoreError, Weights};
+use super::store::{ModelListing, StoreError, Weights};
 use super::{
     Command, EngineLoader, LoadReport, ModelView, RegistryConfig, RegistryError, RegistrySnapshot, Startup,
     VersionState, VersionView,
@@ -176,43 +176,12 @@ impl Owner {
     /// serving ones, then publishes them and retires what the policy no longer wants, in
     /// one snapshot.
     async fn sync(&mut self, name: &str, trigger: Trigger) -> Result<LoadReport, RegistryError> {
-        let (source, defaults, owned) = (
-            self.config.source.clone(),
-            self.config.defaults.clone(),
-            name.to_string(),
-        );
-        let scanned = tokio::task::spawn_blocking(move || source.scan(&owned, &defaults))
-            .await
-            .map_err(|e| StoreError::Io(format!("scanning the repository failed: {e}")))?;
-        let listing = match scanned {
-            Ok(listing) => listing,
-            Err(e) => {
-                if !matches!(e, StoreError::InvalidName(_) | StoreError::NotFound { .. }) {
-                    self.models.entry(name.to_string()).or_default().error = Some(e.to_string());
-                    self.publish();
-                }
-                return Err(e.into());
-            }
-        };
+        let listing = self.scan(name).await?;
         let state = self.models.entry(name.to_string()).or_default();
-        if listing.versions.is_empty() {
-            let e = RegistryError::NoVersions {
-                name: name.to_string(),
-                file: listing.settings.model_file.clone(),
-            };
-            state.error = Some(e.to_string());
-            self.publish();
-            return Err(e);
-        }
-        let available: Vec<_> = listing
-            .versions
-            .iter()
-            .map(|v| (v.version, v.fingerprint))
-            .collect();
         let loaded_origins = state.loaded.iter().map(|(v, l)| (*v, l.origin.clone())).collect();
         let failed_origins = state.failed.iter().map(|(v, f)| (*v, f.origin.clone())).collect();
         let plan = plan_sync(
-            &available,
+            &listing.available(),
             &listing.settings,
             &loaded_origins,
             &failed_origins,
@@ -251,17 +220,76 @@ impl Owner {
             )
         });
         let outcomes = futures_util::future::join_all(loads).await;
+        let (report, failed) = self.apply_loads(name, &listing, &plan, outcomes, trigger);
+        let serving: Vec<u64> = self.models[name].loaded.keys().copied().collect();
+        self.publish();
+        if failed.is_empty() {
+            Ok(report)
+        } else {
+            Err(RegistryError::LoadFailed {
+                name: name.to_string(),
+                failed,
+                serving,
+            })
+        }
+    }
 
+    /// The model's listing in the source, on the blocking pool. A model that cannot be
+    /// listed (bad settings, no versions) keeps the reason in its state, for the index.
+    async fn scan(&mut self, name: &str) -> Result<ModelListing, RegistryError> {
+        let (source, defaults, owned) = (
+            self.config.source.clone(),
+            self.config.defaults.clone(),
+            name.to_string(),
+        );
+        let scanned = tokio::task::spawn_blocking(move || source.scan(&owned, &defaults))
+            .await
+            .map_err(|e| StoreError::Io(format!("scanning the repository failed: {e}")))?;
+        let listing = match scanned {
+            Ok(listing) => listing,
+            Err(e) => {
+                if !matches!(e, StoreError::InvalidName(_) | StoreError::NotFound { .. }) {
+                    self.models.entry(name.to_string()).or_default().error = Some(e.to_string());
+                    self.publish();
+                }
+                return Err(e.into());
+            }
+        };
+        if listing.versions.is_empty() {
+            let e = RegistryError::NoVersions {
+                name: name.to_string(),
+                file: listing.settings.model_file.clone(),
+            };
+            self.models.entry(name.to_string()).or_default().error = Some(e.to_string());
+            self.publish();
+            return Err(e);
+        }
+        Ok(listing)
+    }
+
+    /// Takes the planned loads' outcomes into the model's state: loaded versions serve
+    /// (replacing the ones they reload), failed ones are kept with their reason, and the
+    /// policy's retirements happen only where [`SyncPlan::may_retire`] allows. Returns the
+    /// report and the failures.
+    fn apply_loads(
+        &mut self,
+        name: &str,
+        listing: &ModelListing,
+        plan: &SyncPlan,
+        outcomes: Vec<Result<Engine, String>>,
+        trigger: Trigger,
+    ) -> (LoadReport, Vec<(u64, String)>) {
         let state = self
             .models
             .get_mut(name)
-            .expect("the model's state was created above");
+            .expect("the model's state was created by sync");
         state.loading.clear();
         let mut report = LoadReport {
             unchanged: plan.keep.clone(),
             ..Default::default()
         };
         let mut failed = Vec::new();
+        let available = listing.available();
         for (&v, outcome) in plan.load.iter().zip(outcomes) {
             let fingerprint = available
                 .iter()
@@ -306,17 +334,7 @@ impl Owner {
             }
             state.unloaded.clear();
         }
-        let serving: Vec<u64> = state.loaded.keys().copied().collect();
-        self.publish();
-        if failed.is_empty() {
-            Ok(report)
-        } else {
-            Err(RegistryError::LoadFailed {
-                name: name.to_string(),
-                failed,
-                serving,
-            })
-        }
+        (report, failed)
     }
 
     async fn unload(&mut self, name: &str) -> Result<(), RegistryError> {

@@ -55,6 +55,13 @@ pub struct ModelListing {
     pub versions: Vec<VersionListing>,
 }
 
+impl ModelListing {
+    /// Each listed version with its fingerprint, as the sync plan compares them.
+    pub(crate) fn available(&self) -> Vec<(u64, Fingerprint)> {
+        self.versions.iter().map(|v| (v.version, v.fingerprint)).collect()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     #[error("model name {0:?} is not allowed: use letters, digits, '_', '-' and '.', not starting with '.'")]

@@ -1,6 +1,7 @@
 //! Helpers shared by the CLI integration tests.
 #![allow(dead_code)]
 
+pub mod raw;
 pub mod server;
 
 use std::path::{Path, PathBuf};
