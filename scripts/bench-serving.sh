@@ -3,7 +3,7 @@
 # minutes, so each comparison interleaves rounds: the model alone, then the server, three
 # times, and compares each server round with the model rounds around it.
 #
-#   scripts/bench-serving.sh [SECONDS_PER_ROUND=10] [OUT_DIR=target/bench-serving]
+#   [PEREGRINE_BIN=path] scripts/bench-serving.sh [SECONDS_PER_ROUND=10] [OUT_DIR=target/bench-serving]
 #
 # Scenarios: batch 1 (no batching) and max batch 4 (2 ms window), each at concurrency 8
 # against the model alone at the same batch size and threads; then concurrency 1 for the
@@ -15,7 +15,7 @@ seconds="${1:-10}"
 out="${2:-target/bench-serving}"
 images="${PEREGRINE_BENCH_IMAGES:-../shared/images}"
 port="${PEREGRINE_BENCH_PORT:-18091}"
-bin=target/release/peregrine
+bin="${PEREGRINE_BIN:-target/release/peregrine}"  # another build to compare: PEREGRINE_BIN=path
 rounds=3
 mkdir -p "$out"
 [ -x "$bin" ] || cargo build --release --locked

@@ -89,6 +89,7 @@ pub async fn detect(
             telemetry::request_finished(&model, "success", total);
             let _guard = span.enter();
             tracing::info!(
+                status = 200u16,
                 images = answer.results.len(),
                 total_ms = total.as_secs_f64() * 1e3,
                 "detected"

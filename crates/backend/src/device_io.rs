@@ -16,7 +16,7 @@ use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, Memory
 use ort::session::{IoBinding, Session};
 use ort::value::{DynTensor, DynTensorValueType, TensorElementType};
 
-use crate::cuda::jpeg::{GpuJpegDecoder, JpegSlot};
+use crate::cuda::jpeg::{ColourConversion, GpuJpegDecoder, JpegSlot};
 use crate::cuda::{self, CopyKind, Stream};
 use crate::ort_backend::read_output;
 use crate::staging::{Element, Staging};
@@ -61,13 +61,13 @@ pub(crate) struct DeviceIo {
 unsafe impl Send for DeviceIo {}
 
 impl DeviceIo {
-    /// With `decode_jpeg`, JPEGs can be decoded on the device straight into the input
-    /// (see [`DeviceIo::run_with_jpegs`]).
+    /// With `decode_jpeg` (and its colour conversion), JPEGs can be decoded on the device
+    /// straight into the input (see [`DeviceIo::run_with_jpegs`]).
     pub fn new(
         session: &Session,
         element: Element,
         device: i32,
-        decode_jpeg: bool,
+        decode_jpeg: Option<ColourConversion>,
     ) -> Result<Self, BackendError> {
         let err = |e: ort::Error| BackendError::ModelLoad(format!("device-bound inputs and outputs: {e}"));
         let cuda_err =
@@ -93,13 +93,13 @@ impl DeviceIo {
         let output_name = session.outputs()[0].name().to_string();
         let binding = session.create_binding().map_err(err)?;
         cuda::set_device(device).map_err(cuda_err)?;
-        let jpeg = if decode_jpeg {
+        let jpeg = if let Some(conversion) = decode_jpeg {
             if element != Element::U8 {
                 return Err(BackendError::ModelLoad(
                     "decoding JPEGs on the GPU needs the rewritten graph (uint8 canvas input)".into(),
                 ));
             }
-            Some(GpuJpegDecoder::new(device).map_err(cuda_err)?)
+            Some(GpuJpegDecoder::with_conversion(device, conversion).map_err(cuda_err)?)
         } else {
             None
         };

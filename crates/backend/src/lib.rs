@@ -12,7 +12,7 @@ mod ort_backend;
 pub mod runtime;
 mod staging;
 
-pub use cuda::jpeg::JpegSlot;
+pub use cuda::jpeg::{ColourConversion, JpegSlot};
 pub use error::BackendError;
 pub use ort_backend::{describe, CudaOptions, ExecutionProvider, OrtBackend, SessionConfig, TensorRtOptions};
 use peregrine_types::model::Dim;

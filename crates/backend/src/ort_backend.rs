@@ -9,6 +9,7 @@ use ort::value::{TensorElementType, TensorValueTypeMarker, Value, ValueType};
 use peregrine_types::model::ElementType;
 use peregrine_types::{Dim, ModelDescription, TensorDescription};
 
+use crate::cuda::jpeg::ColourConversion;
 use crate::device_io::DeviceIo;
 use crate::staging::{Element, Staging};
 use crate::{runtime, Backend, BackendError, InputBuffer, JpegSlot, OutputBuffer};
@@ -84,6 +85,9 @@ pub struct SessionConfig {
     /// (nvJPEG) and letterbox them there (our NVRTC-compiled kernel); implies `device_io` and needs the rewritten
     /// graph's uint8 input.
     pub gpu_jpeg_decode: bool,
+    /// With `gpu_jpeg_decode`: whose chroma upsampling and colour conversion make the RGB
+    /// (libjpeg-turbo's, exact, by default; or nvJPEG's, faster).
+    pub gpu_jpeg_colour: ColourConversion,
     /// Write ONNX Runtime's per-node profile (Chrome trace JSON) to a file starting with
     /// this path, once the session is dropped.
     pub profile: Option<PathBuf>,
@@ -169,7 +173,12 @@ impl OrtBackend {
             // No silent fallback here: CUDA graphs replay fixed addresses, which only device
             // IO gives.
             Some(device) if config.device_io || config.gpu_jpeg_decode || cuda_graph => {
-                Io::Device(Box::new(DeviceIo::new(&session, element, device, config.gpu_jpeg_decode)?))
+                Io::Device(Box::new(DeviceIo::new(
+                    &session,
+                    element,
+                    device,
+                    config.gpu_jpeg_decode.then_some(config.gpu_jpeg_colour),
+                )?))
             }
             Some(device) if config.pinned_input => Io::Staged(
                 Staging::pinned(&session, element, device).unwrap_or_else(|e| {

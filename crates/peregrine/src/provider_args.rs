@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use peregrine_backend::{CudaOptions, ExecutionProvider, TensorRtOptions};
+use peregrine_backend::{ColourConversion, CudaOptions, ExecutionProvider, TensorRtOptions};
 use peregrine_registry::{GraphRewrite, ModelSettings};
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq, Default)]
@@ -73,6 +73,29 @@ pub struct ProviderArgs {
     /// graph; implies --device-io). Other images are still decoded on the CPU.
     #[arg(long, env = "PEREGRINE_GPU_JPEG_DECODE")]
     pub gpu_jpeg_decode: bool,
+    /// With --gpu-jpeg-decode, who turns nvJPEG's planes into RGB: `exact` runs
+    /// libjpeg-turbo's chroma upsampling and colour tables on the GPU (the CPU path's
+    /// pixels, so Ultralytics' detections); `nvjpeg` takes nvJPEG's own RGB, which decodes
+    /// about three times faster on an H200 today but moves pixels and so detections
+    /// (docs/benchmarks.md).
+    #[arg(long, env = "PEREGRINE_GPU_JPEG_COLOUR", value_enum, default_value_t = GpuJpegColour::Exact)]
+    pub gpu_jpeg_colour: GpuJpegColour,
+}
+
+/// `--gpu-jpeg-colour`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GpuJpegColour {
+    Exact,
+    Nvjpeg,
+}
+
+impl From<GpuJpegColour> for ColourConversion {
+    fn from(c: GpuJpegColour) -> Self {
+        match c {
+            GpuJpegColour::Exact => ColourConversion::LibjpegTurbo,
+            GpuJpegColour::Nvjpeg => ColourConversion::Nvjpeg,
+        }
+    }
 }
 
 impl Default for ProviderArgs {
@@ -96,6 +119,7 @@ impl Default for ProviderArgs {
             pinned_input: true,
             device_io: false,
             gpu_jpeg_decode: false,
+            gpu_jpeg_colour: GpuJpegColour::Exact,
         }
     }
 }
@@ -135,8 +159,38 @@ impl ProviderArgs {
         session.pinned_input = self.pinned_input;
         session.device_io = self.device_io;
         session.gpu_jpeg_decode = self.gpu_jpeg_decode;
+        session.gpu_jpeg_colour = self.gpu_jpeg_colour.into();
         settings.provider_fallback = self.provider_fallback;
         settings.graph_rewrite = self.graph_rewrite;
         settings.top_k = self.top_k;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        provider: ProviderArgs,
+    }
+
+    fn session_for(args: &[&str]) -> peregrine_backend::SessionConfig {
+        let cli = Cli::try_parse_from(std::iter::once("peregrine").chain(args.iter().copied())).unwrap();
+        let mut settings = ModelSettings::default();
+        cli.provider.apply_to(&mut settings);
+        settings.session
+    }
+
+    #[test]
+    fn gpu_jpeg_colour_is_exact_unless_nvjpeg_is_asked_for() {
+        let exact = session_for(&["--gpu-jpeg-decode"]);
+        assert!(exact.gpu_jpeg_decode);
+        assert_eq!(exact.gpu_jpeg_colour, ColourConversion::LibjpegTurbo);
+        let fast = session_for(&["--gpu-jpeg-decode", "--gpu-jpeg-colour", "nvjpeg"]);
+        assert_eq!(fast.gpu_jpeg_colour, ColourConversion::Nvjpeg);
+        assert!(Cli::try_parse_from(["peregrine", "--gpu-jpeg-colour", "fast"]).is_err());
     }
 }

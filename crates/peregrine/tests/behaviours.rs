@@ -242,6 +242,7 @@ async fn the_json_log_has_one_line_per_request_and_no_secrets() {
         assert_eq!(line["span"]["model"], "yolo11n", "{line}");
         assert_eq!(line["span"]["version"], "1", "{line}");
         assert_eq!(line["fields"]["message"], "detected", "{line}");
+        assert_eq!(line["fields"]["status"], 200, "{line}");
     }
     let failed = lines_about(&lines, "log-bad");
     assert_eq!(failed.len(), 1, "{failed:?}");

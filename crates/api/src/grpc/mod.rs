@@ -338,6 +338,18 @@ fn incoming_without_nagle(
     })
 }
 
+/// Sets both health entries (the server's and the inference service's).
+async fn report_health(reporter: &tonic_health::server::HealthReporter, ready: bool) {
+    let status = if ready {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    for service in ["", "inference.GRPCInferenceService"] {
+        reporter.set_service_status(service, status).await;
+    }
+}
+
 /// Serves the inference and health services on `listener` until `shutdown` resolves.
 /// Health reports SERVING while the server is ready and not draining.
 pub async fn serve(
@@ -346,23 +358,19 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
+    // tonic-health starts the server's own entry ("") as SERVING: the real state is set
+    // before the first connection is accepted, then followed.
+    let mut last = state.is_ready();
+    report_health(&reporter, last).await;
     let watched = state.clone();
     let watcher = tokio::spawn(async move {
-        let mut last = None;
         loop {
-            let ready = watched.is_ready();
-            if last != Some(ready) {
-                let status = if ready {
-                    tonic_health::ServingStatus::Serving
-                } else {
-                    tonic_health::ServingStatus::NotServing
-                };
-                for service in ["", "inference.GRPCInferenceService"] {
-                    reporter.set_service_status(service, status).await;
-                }
-                last = Some(ready);
-            }
             tokio::time::sleep(Duration::from_millis(200)).await;
+            let ready = watched.is_ready();
+            if last != ready {
+                report_health(&reporter, ready).await;
+                last = ready;
+            }
         }
     });
     let incoming = incoming_without_nagle(listener);

@@ -23,13 +23,16 @@ const NVJPEG_OUTPUT_YUV: c_int = 1;
 const NVJPEG_OUTPUT_RGBI: c_int = 5;
 
 /// Who turns the decoded planes into RGB.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ColourConversion {
     /// Our kernel, with libjpeg-turbo's upsampling and tables: the CPU path's pixels but
-    /// for nvJPEG's IDCT. What the server uses.
+    /// for nvJPEG's IDCT. The server's default.
+    #[default]
     LibjpegTurbo,
     /// nvJPEG's own (interleaved RGB output): its chroma upsampling and rounding differ
-    /// from libjpeg-turbo's. For comparison (`peregrine bench-decode`).
+    /// from libjpeg-turbo's, but it decodes about three times faster on an H200 today
+    /// (docs/benchmarks.md). `--gpu-jpeg-colour nvjpeg`, and for comparison in
+    /// `peregrine bench-decode`.
     Nvjpeg,
 }
 

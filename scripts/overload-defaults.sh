@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Issue 22's overload scenario with the server's defaults, driven by a load generator written
+# elsewhere (`hey`, Debian's package): closed-loop capacity first (`hey -c 8`), then
+# `hey -z DURATION -c 48 -q 1` posting one photo (about 3x capacity on 2 cores). Prints the
+# answers by status, late 504s as a share of all requests, latency percentiles per status,
+# 200s per second against the capacity, and resident memory idle and at peak.
+#
+#   [PEREGRINE_BIN=path] scripts/overload-defaults.sh [DURATION_S=120] [OUT_DIR=target/overload-defaults]
+#
+# Traffic goes to 127.0.0.1 only.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+duration="${1:-120}"
+out="${2:-target/overload-defaults}"
+bin="${PEREGRINE_BIN:-target/release/peregrine}"
+port="${PEREGRINE_OVERLOAD_PORT:-18092}"
+image="${PEREGRINE_OVERLOAD_IMAGE:-../shared/images/bus.jpg}"
+command -v hey >/dev/null || { echo "needs hey (apt-get install hey)" >&2; exit 2; }
+mkdir -p "$out"
+[ -x "$bin" ] || cargo build --release --locked
+
+"$bin" serve --host 127.0.0.1 --port "$port" --request-timeout-ms 2000 --log-level warn \
+    2>"$out/server.log" &
+server=$!
+trap 'kill "$server" 2>/dev/null || true' EXIT
+for _ in $(seq 1 240); do
+    curl -fs "http://127.0.0.1:$port/health/ready" >/dev/null 2>&1 && break
+    sleep 0.5
+done
+curl -fs "http://127.0.0.1:$port/health/ready" >/dev/null
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$server/status"; }
+idle_kb=$(rss)
+url="http://127.0.0.1:$port/v1/detect"
+hey -z 20s -c 8 -m POST -T image/jpeg -D "$image" -o csv "$url" >"$out/capacity.csv"
+peak_kb=$idle_kb
+( while kill -0 "$server" 2>/dev/null; do rss; sleep 2; done ) >"$out/rss.txt" &
+sampler=$!
+hey -z "${duration}s" -c 48 -q 1 -m POST -T image/jpeg -D "$image" -o csv "$url" >"$out/overload.csv"
+kill "$sampler" 2>/dev/null || true
+peak_kb=$(sort -n "$out/rss.txt" | tail -1)
+
+python3 - "$out" "$duration" "$idle_kb" "$peak_kb" <<'PY'
+import csv, json, sys
+out, duration, idle_kb, peak_kb = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+
+def rows(name):
+    with open(f"{out}/{name}") as f:
+        return [(int(r["status-code"]), float(r["response-time"]) * 1e3) for r in csv.DictReader(f)]
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))], 1) if xs else None
+
+capacity = sum(1 for s, _ in rows("capacity.csv") if s == 200) / 20.0
+load = rows("overload.csv")
+by = {}
+for s, ms in load:
+    by.setdefault(s, []).append(ms)
+ok = len(by.get(200, []))
+summary = {
+    "capacity_rps": round(capacity, 2),
+    "requests": len(load),
+    "by_status": {str(s): len(v) for s, v in sorted(by.items())},
+    "late_504_share": round(len(by.get(504, [])) / max(1, len(load)), 4),
+    "latency_ms": {str(s): {"p50": pct(v, 0.5), "p99": pct(v, 0.99), "max": pct(v, 1.0)} for s, v in sorted(by.items())},
+    "ok_rps": round(ok / duration, 2),
+    "ok_rps_over_capacity": round(ok / duration / capacity, 3) if capacity else None,
+    "rss_mib": {"idle": round(idle_kb / 1024), "peak": round(peak_kb / 1024)},
+}
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
+print(json.dumps(summary, indent=2))
+PY
