@@ -90,8 +90,8 @@ pub(crate) fn run_instance(
     drop(shared);
 }
 
-/// Runs each batch size once on gray images so the first real request pays no warm-up.
-/// Returns what each size took, but the first (which pays the session's one-time setup).
+/// Runs each batch size twice on gray images so the first real request pays no warm-up.
+/// Returns what each size's second run took.
 fn warm_up(
     detector: &mut Detector,
     spec: &DetectorSpec,
@@ -112,11 +112,12 @@ fn warm_up(
     };
     let mut costs = Vec::with_capacity(sizes.len());
     for &n in sizes {
-        let (_, t) = detector.run_prepared(&vec![canvas_slot.clone(); n])?;
+        let batch = vec![canvas_slot.clone(); n];
+        // The first run of a size can pay a one-time setup (a session of its own per size
+        // on GPUs: seconds); the second is what the size costs, and seeds the estimator.
+        detector.run_prepared(&batch)?;
+        let (_, t) = detector.run_prepared(&batch)?;
         costs.push((n, t.total()));
-    }
-    if costs.len() > 1 {
-        costs.remove(0);
     }
     if detector.decodes_jpeg() {
         // The device decoder prepares itself per batch size too.
