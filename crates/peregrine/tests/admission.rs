@@ -7,13 +7,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::image_bytes;
 use common::raw::RawRequest;
 use common::server::Server;
 use serde_json::Value;
-
-fn image_bytes(name: &str) -> Vec<u8> {
-    std::fs::read(common::shared_dir().join("images").join(name)).unwrap()
-}
 
 /// A request whose body is half sent holds the server's only admission slot until `finish`.
 async fn hold_the_only_slot(server: &Server) -> (RawRequest, Vec<u8>) {
@@ -118,14 +115,7 @@ async fn sigterm_answers_503_with_connection_close_until_in_flight_work_is_done(
     held.send(&rest).await;
     let (status, head) = held.response_head().await;
     assert_eq!(status, 200, "{head}");
-    let start = std::time::Instant::now();
-    let exit = loop {
-        if let Some(s) = server.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "server did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let exit = server.wait_exit().await;
     assert!(exit.success(), "clean exit: {exit:?}");
 }
 

@@ -9,12 +9,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::server::{post_image, Server};
-use common::{image, peregrine, TempDir};
+use common::{image, image_bytes, peregrine, TempDir};
 use serde_json::Value;
-
-fn image_bytes(name: &str) -> Vec<u8> {
-    std::fs::read(image(name)).unwrap()
-}
 
 /// The server every test here talks to, with its default log format (JSON).
 async fn server() -> &'static Server {

@@ -5,12 +5,8 @@ mod common;
 use std::time::Duration;
 
 use common::server::{post_image, Server};
-use common::{matches, reference, shared_dir, Det};
+use common::{image_bytes, matches, reference, Det};
 use serde_json::Value;
-
-fn image_bytes(name: &str) -> Vec<u8> {
-    std::fs::read(shared_dir().join("images").join(name)).unwrap()
-}
 
 /// Sends `n` requests in the background to keep the model busy; yields their statuses.
 fn occupy(client: &reqwest::Client, url: &str, n: usize) -> Vec<tokio::task::JoinHandle<u16>> {
@@ -373,14 +369,7 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
     for r in in_flight {
         assert_eq!(r.await.unwrap(), 200, "in-flight requests finish");
     }
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = server.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "server did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = server.wait_exit().await;
     assert!(status.success(), "clean exit: {status:?}");
     assert!(
         client.get(server.url("/health/live")).send().await.is_err(),
@@ -412,14 +401,11 @@ async fn a_client_that_disconnects_is_dropped_before_its_batch() {
     let busy = occupy(&client, &url, 6);
     // Wait until most of them are decoded and queued, so the next request waits behind
     // several slow model runs.
-    let start = std::time::Instant::now();
-    while server.metric("peregrine_queue_depth", "").await < 4.0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the queue never filled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    server
+        .wait_for_metrics("the queue fills", &[("peregrine_queue_depth", "")], |v| {
+            v[0] >= 4.0
+        })
+        .await;
     // This client gives up long before the requests ahead of it are done, and hangs up.
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(1000))

@@ -27,6 +27,11 @@ pub fn image(name: &str) -> String {
     shared_dir().join("images").join(name).display().to_string()
 }
 
+/// The bytes of one of the shared test images.
+pub fn image_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(image(name)).unwrap()
+}
+
 /// A directory of its own for one test, removed when dropped.
 pub struct TempDir(PathBuf);
 

@@ -159,6 +159,18 @@ impl Server {
         }
     }
 
+    /// Waits (30 s at most) for the server process to exit, and says how it did.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "server did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn terminate(&self) {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
