@@ -99,7 +99,7 @@ mod tests {
     #[test]
     fn update_matches_trackers_numbers() {
         // trackers 2.6.1: ByteTrackTracklet([0, 0, 10, 10]); predict(); update([2, 0, 12, 10]);
-        // predict() gives state_to_bbox() = [3.8677..., 0, 13.8677..., 10].
+        // predict() gives state_to_bbox() = [2.8530..., 0, 12.8530..., 10].
         let mut f = BoxFilter::new([0.0, 0.0, 10.0, 10.0]);
         f.predict();
         f.update([2.0, 0.0, 12.0, 10.0]);
