@@ -50,13 +50,23 @@ def read_frames(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def trackers_ids(frames: list[dict], fps: float, class_aware: bool) -> tuple[list[list], int]:
+# Settings given to both sides: (flag, ByteTrackTracker argument, track_jsonl flag).
+SHARED_SETTINGS = [
+    ("high_score", "high_conf_det_threshold", "--high-score"),
+    ("new_track_score", "track_activation_threshold", "--new-track-score"),
+    ("match_iou", "minimum_iou_threshold", "--match-iou"),
+    ("min_hits", "minimum_consecutive_frames", "--min-hits"),
+]
+
+
+def trackers_ids(frames: list[dict], fps: float, class_aware: bool, settings: dict) -> tuple[list[list], int]:
     """trackers' id per detection per frame (None: untracked), and its lost budget in frames."""
     by_class: dict[object, ByteTrackTracker] = {}
+    kwargs = {theirs: settings[ours] for ours, theirs, _ in SHARED_SETTINGS if settings.get(ours) is not None}
 
     def tracker_for(key):
         if key not in by_class:
-            by_class[key] = ByteTrackTracker(frame_rate=fps)
+            by_class[key] = ByteTrackTracker(frame_rate=fps, **kwargs)
         return by_class[key]
 
     out = []
@@ -82,16 +92,19 @@ def trackers_ids(frames: list[dict], fps: float, class_aware: bool) -> tuple[lis
                 if tid != -1:
                     ids[int(index)] = f"{key}:{int(tid)}"
         out.append(ids)
-    budget = ByteTrackTracker(frame_rate=fps).maximum_frames_without_update
+    budget = ByteTrackTracker(frame_rate=fps, **kwargs).maximum_frames_without_update
     return out, budget
 
 
-def peregrine_ids(frames: list[dict], fps: float, class_aware: bool, budget_frames: int, example: Path) -> list[list]:
+def peregrine_ids(frames: list[dict], fps: float, class_aware: bool, budget_frames: int, example: Path, settings: dict) -> list[list]:
     if not example.exists():
         subprocess.run(["cargo", "build", "--release", "-p", "peregrine-track", "--example", "track_jsonl"], cwd=ROOT, check=True)
     args = [str(example), "--fps", str(fps), "--lost-after-s", repr(budget_frames / fps)]
     if not class_aware:
         args.append("--class-agnostic")
+    for ours, _, flag in SHARED_SETTINGS:
+        if settings.get(ours) is not None:
+            args += [flag, str(settings[ours])]
     lines = "".join(json.dumps(f) + "\n" for f in frames)
     run = subprocess.run(args, input=lines, capture_output=True, text=True, check=True)
     return [[d["track_id"] for d in json.loads(line)["detections"]] for line in run.stdout.splitlines()]
@@ -172,9 +185,13 @@ def main() -> int:
     p.add_argument("--tracked", action="store_true", help="the inputs already carry Peregrine's track_id: compare them as they are")
     p.add_argument("--example", type=Path, default=EXAMPLE, help="the track_jsonl example binary")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.add_argument("--high-score", type=float, help="both sides (trackers' high_conf_det_threshold); default: each side's default")
+    p.add_argument("--new-track-score", type=float, help="both sides (trackers' track_activation_threshold)")
+    p.add_argument("--match-iou", type=float, help="both sides (trackers' minimum_iou_threshold)")
+    p.add_argument("--min-hits", type=int, help="both sides (trackers' minimum_consecutive_frames)")
     args = p.parse_args()
 
-    inputs: list[tuple[str, Path, float]] = [(path.stem, path, args.fps) for path in args.jsonl]
+    inputs: list[tuple[str, Path, float]] = [(path.name.split(".")[0], path, args.fps) for path in args.jsonl]
     if args.detect_clips:
         work = args.work or Path(tempfile.mkdtemp(prefix="track-compare-"))
         for video in sorted(args.detect_clips.glob("*.mp4")):
@@ -183,14 +200,15 @@ def main() -> int:
         p.error("give JSONL files or --detect-clips")
 
     class_aware = not args.class_agnostic
+    settings = {ours: getattr(args, ours) for ours, _, _ in SHARED_SETTINGS}
     results = {}
     for name, path, fps in inputs:
         frames = read_frames(path)
-        truth, budget = trackers_ids(frames, fps, class_aware)
+        truth, budget = trackers_ids(frames, fps, class_aware, settings)
         if args.tracked:
             ours = [[d.get("track_id") for d in f["detections"]] for f in frames]
         else:
-            ours = peregrine_ids(frames, fps, class_aware, budget, args.example)
+            ours = peregrine_ids(frames, fps, class_aware, budget, args.example, settings)
         results[name] = {"frames": len(frames), "fps": round(fps, 3), **compare(frames, truth, ours)}
 
     if args.json:

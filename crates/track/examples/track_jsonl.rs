@@ -5,7 +5,8 @@
 //!
 //! A frame's media time is its `pts_s` field (seconds) when present, else its line number
 //! divided by `--fps` (default 30). `--class-agnostic` matches across classes, as `trackers`
-//! does; `--lost-after-s S` sets the lost budget. Used by scripts/track-compare.py.
+//! does; `--lost-after-s S`, `--high-score`, `--new-track-score`, `--match-iou` and `--min-hits`
+//! set the other settings. Used by scripts/track-compare.py.
 
 use std::io::{BufRead, BufWriter, Write};
 use std::time::Duration;
@@ -21,11 +22,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--class-agnostic" => config.class_aware = false,
-            "--fps" => fps = args.next().ok_or("--fps needs a value")?.parse()?,
+            "--fps" => fps = value(&mut args, "--fps")?,
+            "--high-score" => config.high_score = value(&mut args, "--high-score")?,
+            "--new-track-score" => config.new_track_score = value(&mut args, "--new-track-score")?,
+            "--match-iou" => config.match_iou = value(&mut args, "--match-iou")?,
+            "--min-hits" => config.min_hits = value(&mut args, "--min-hits")?,
             "--lost-after-s" => {
-                config.lost_after = Duration::from_secs_f64(args.next().ok_or("--lost-after-s needs a value")?.parse()?)
+                config.lost_after = Duration::from_secs_f64(value(&mut args, "--lost-after-s")?)
             }
-            other => return Err(format!("unknown argument {other:?} (--fps F, --class-agnostic, --lost-after-s S)").into()),
+            other => {
+                return Err(format!("unknown argument {other:?} (see the example's doc comment)").into())
+            }
         }
     }
     config.validate()?;
@@ -62,10 +69,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+fn value<T: std::str::FromStr>(args: &mut impl Iterator<Item = String>, flag: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    let text = args.next().ok_or(format!("{flag} needs a value"))?;
+    text.parse().map_err(|e| format!("{flag} {text:?}: {e}"))
+}
+
 fn parse_detection(value: &Value) -> Result<Detection, String> {
-    let number = |v: Option<&Value>, what: &str| v.and_then(Value::as_f64).ok_or(format!("detection without a numeric {what}"));
-    let coords = value.get("box").and_then(Value::as_array).filter(|b| b.len() == 4).ok_or("detection without a 4-number box")?;
-    let c: Vec<f32> = coords.iter().map(|v| number(Some(v), "box").map(|x| x as f32)).collect::<Result<_, _>>()?;
+    let number = |v: Option<&Value>, what: &str| {
+        v.and_then(Value::as_f64)
+            .ok_or(format!("detection without a numeric {what}"))
+    };
+    let coords = value
+        .get("box")
+        .and_then(Value::as_array)
+        .filter(|b| b.len() == 4)
+        .ok_or("detection without a 4-number box")?;
+    let c: Vec<f32> = coords
+        .iter()
+        .map(|v| number(Some(v), "box").map(|x| x as f32))
+        .collect::<Result<_, _>>()?;
     Ok(Detection {
         class_id: number(value.get("class_id"), "class_id")? as u32,
         score: number(value.get("score"), "score")? as f32,
