@@ -99,7 +99,8 @@ def trackers_ids(frames: list[dict], fps: float, class_aware: bool, settings: di
 def peregrine_ids(frames: list[dict], fps: float, class_aware: bool, budget_frames: int, example: Path, settings: dict) -> list[list]:
     if not example.exists():
         subprocess.run(["cargo", "build", "--release", "-p", "peregrine-track", "--example", "track_jsonl"], cwd=ROOT, check=True)
-    args = [str(example), "--fps", str(fps), "--lost-after-s", repr(budget_frames / fps)]
+    # Half a frame over trackers' budget: the same frame count, safe from rounding in the times.
+    args = [str(example), "--fps", str(fps), "--lost-after-s", repr((budget_frames + 0.5) / fps)]
     if not class_aware:
         args.append("--class-agnostic")
     for ours, _, flag in SHARED_SETTINGS:

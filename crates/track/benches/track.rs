@@ -11,14 +11,15 @@ use peregrine_types::{BBox, Detection};
 const OBJECTS: usize = 50;
 const FRAMES: usize = 100;
 
-/// A deterministic xorshift generator, so every run benches the same data.
+/// SplitMix64 as a uniform `[0, 1)` source: deterministic, so every run benches the same data.
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
     }
 }
 

@@ -61,10 +61,10 @@ impl BoxFilter {
         // `trackers` multiplies by the inverse rather than dividing: keep its rounding.
         let inverse = 1.0 / innovation_variance;
         let (gain_p, gain_v) = (pp * inverse, vp * inverse);
-        for i in 0..4 {
-            let innovation = measured[i] - self.position[i];
-            self.position[i] += gain_p * innovation;
-            self.velocity[i] += gain_v * innovation;
+        for ((p, v), z) in self.position.iter_mut().zip(&mut self.velocity).zip(measured) {
+            let innovation = z - *p;
+            *p += gain_p * innovation;
+            *v += gain_v * innovation;
         }
         // (I - K H) P (I - K H)' + K R K', with I - K H = [[1 - kp, 0], [-kv, 1]].
         let (a00, a10) = (1.0 - gain_p, -gain_v);
