@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use peregrine_types::BBox;
 use peregrine_zones::{
-    Analytics, AnalyticsConfig, Hysteresis, LineSpec, Point, TrackedBox, Units, ZoneEventKind,
-    ZoneSpec,
+    Analytics, AnalyticsConfig, Hysteresis, LineSpec, Point, TrackedBox, Units, ZoneEventKind, ZoneSpec,
 };
 use serde_json::{json, Value};
 
@@ -72,10 +71,7 @@ fn analytics(definition: &Value) -> Result<Analytics> {
         margin_px: hysteresis["margin_px"].as_f64().unwrap_or(0.0) as f32,
     };
     let config = AnalyticsConfig {
-        anchor: definition["anchor"]
-            .as_str()
-            .unwrap_or("bottom_center")
-            .parse()?,
+        anchor: definition["anchor"].as_str().unwrap_or("bottom_center").parse()?,
         zone_hysteresis: hysteresis,
         line_hysteresis: hysteresis,
     };
@@ -110,9 +106,7 @@ fn main() -> Result<()> {
     let [_, definition, tracks] = args.as_slice() else {
         return Err("usage: zones_jsonl <definition.json> <tracks.jsonl>".into());
     };
-    let mut analytics = analytics(&serde_json::from_str(&std::fs::read_to_string(
-        definition,
-    )?)?)?;
+    let mut analytics = analytics(&serde_json::from_str(&std::fs::read_to_string(definition)?)?)?;
     let mut out = BufWriter::new(std::io::stdout().lock());
     for input in BufReader::new(std::fs::File::open(tracks)?).lines() {
         let frame: Value = serde_json::from_str(&input?)?;

@@ -73,8 +73,7 @@ impl ZoneState {
     fn side(&self, anchor: Xy, current: bool, margin: f64) -> bool {
         let pixel = (anchor.0.round_ties_even(), anchor.1.round_ties_even());
         let inside = self.zone.polygon.contains(pixel);
-        if inside != current && margin > 0.0 && self.zone.polygon.boundary_distance(pixel) < margin
-        {
+        if inside != current && margin > 0.0 && self.zone.polygon.boundary_distance(pixel) < margin {
             return current;
         }
         inside
