@@ -25,11 +25,7 @@ impl WeightMatrix {
                 weights.push(weight(r, c));
             }
         }
-        Self {
-            rows,
-            cols,
-            weights,
-        }
+        Self { rows, cols, weights }
     }
 
     pub fn get(&self, row: usize, col: usize) -> f64 {
@@ -192,7 +188,11 @@ mod tests {
     /// The best total over every injective map of the shorter side into the longer one.
     fn brute_force_best(matrix: &WeightMatrix) -> f64 {
         fn search(m: &WeightMatrix, row: usize, used: &mut Vec<bool>, transpose: bool) -> f64 {
-            let (rows, cols) = if transpose { (m.cols, m.rows) } else { (m.rows, m.cols) };
+            let (rows, cols) = if transpose {
+                (m.cols, m.rows)
+            } else {
+                (m.rows, m.cols)
+            };
             if row == rows {
                 return 0.0;
             }
@@ -200,7 +200,11 @@ mod tests {
             for col in 0..cols {
                 if !used[col] {
                     used[col] = true;
-                    let w = if transpose { m.get(col, row) } else { m.get(row, col) };
+                    let w = if transpose {
+                        m.get(col, row)
+                    } else {
+                        m.get(row, col)
+                    };
                     best = best.max(w + search(m, row + 1, used, transpose));
                     used[col] = false;
                 }
@@ -268,7 +272,11 @@ mod tests {
             cols_used.dedup();
             assert_eq!(cols_used.len(), pairs.len(), "case {case}: a column used twice");
             let best = brute_force_best(&m);
-            assert!((total(&m, &pairs) - best).abs() < 1e-9, "case {case}: {} vs {best}", total(&m, &pairs));
+            assert!(
+                (total(&m, &pairs) - best).abs() < 1e-9,
+                "case {case}: {} vs {best}",
+                total(&m, &pairs)
+            );
         }
     }
 }

@@ -61,10 +61,10 @@ impl BoxFilter {
         // `trackers` multiplies by the inverse rather than dividing: keep its rounding.
         let inverse = 1.0 / innovation_variance;
         let (gain_p, gain_v) = (pp * inverse, vp * inverse);
-        for i in 0..4 {
-            let innovation = measured[i] - self.position[i];
-            self.position[i] += gain_p * innovation;
-            self.velocity[i] += gain_v * innovation;
+        for ((p, v), z) in self.position.iter_mut().zip(&mut self.velocity).zip(measured) {
+            let innovation = z - *p;
+            *p += gain_p * innovation;
+            *v += gain_v * innovation;
         }
         // (I - K H) P (I - K H)' + K R K', with I - K H = [[1 - kp, 0], [-kv, 1]].
         let (a00, a10) = (1.0 - gain_p, -gain_v);
@@ -99,7 +99,7 @@ mod tests {
     #[test]
     fn update_matches_trackers_numbers() {
         // trackers 2.6.1: ByteTrackTracklet([0, 0, 10, 10]); predict(); update([2, 0, 12, 10]);
-        // predict() gives state_to_bbox() = [3.8677..., 0, 13.8677..., 10].
+        // predict() gives state_to_bbox() = [2.8530..., 0, 12.8530..., 10].
         let mut f = BoxFilter::new([0.0, 0.0, 10.0, 10.0]);
         f.predict();
         f.update([2.0, 0.0, 12.0, 10.0]);

@@ -204,7 +204,10 @@ impl Tracker {
 
     /// A live confirmed track's history so far (for snapshots: its best score and box).
     pub fn track(&self, id: TrackId) -> Option<TrackSummary> {
-        self.tracks.iter().find(|t| t.id == Some(id)).and_then(Track::summary)
+        self.tracks
+            .iter()
+            .find(|t| t.id == Some(id))
+            .and_then(Track::summary)
     }
 
     /// The classes associated separately: each class present when class-aware, else one group
@@ -221,7 +224,11 @@ impl Tracker {
     }
 
     /// The group's usable detections (finite, at least `low_score`), split at `high_score`.
-    fn split_by_score(&self, detections: &[Detection], in_group: impl Fn(u32) -> bool) -> (Vec<usize>, Vec<usize>) {
+    fn split_by_score(
+        &self,
+        detections: &[Detection],
+        in_group: impl Fn(u32) -> bool,
+    ) -> (Vec<usize>, Vec<usize>) {
         let usable = detections.iter().enumerate().filter(|(_, d)| {
             let b = &d.bbox;
             in_group(d.class_id)
@@ -265,7 +272,14 @@ impl Tracker {
                 candidate_free[d] = false;
             })
             .collect();
-        let free = |flags: Vec<bool>| flags.into_iter().enumerate().filter(|f| f.1).map(|f| f.0).collect();
+        let free = |flags: Vec<bool>| {
+            flags
+                .into_iter()
+                .enumerate()
+                .filter(|f| f.1)
+                .map(|f| f.0)
+                .collect()
+        };
         StageMatches {
             pairs,
             unmatched_tracks: free(track_free),

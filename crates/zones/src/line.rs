@@ -95,16 +95,20 @@ impl LineState {
     ) {
         let history_len = Self::history_len(hysteresis);
         let side = self.side(seen.anchor, f64::from(hysteresis.margin_px));
-        if let Some(crossing) = self.tracks.get_mut(&seen.track) {
-            crossing.last_present = frame;
-        }
-        let Some(side) = side else { return };
+        let Some(side) = side else {
+            // Seen but on neither side: still present, so its history is kept.
+            if let Some(crossing) = self.tracks.get_mut(&seen.track) {
+                crossing.last_present = frame;
+            }
+            return;
+        };
         let crossing = self.tracks.entry(seen.track).or_insert(Crossing {
             history: 0,
             len: 0,
             confirmed: side,
             last_present: frame,
         });
+        crossing.last_present = frame;
         crossing.history = (crossing.history << 1) | u64::from(side);
         crossing.len = (crossing.len + 1).min(history_len);
         if crossing.len < history_len || side == crossing.confirmed {

@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::geometry::{cross, doubled_area, first_self_intersection, Point, Polygon, Xy};
 use crate::AnalyticsConfig;
-use crate::geometry::{doubled_area, first_self_intersection, Point, Polygon, Xy};
 
 /// How a spec's coordinates are measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,11 +60,7 @@ pub enum ZoneError {
     #[error("zone `{zone}` has {points} points: a polygon needs at least 3")]
     TooFewPoints { zone: String, points: usize },
     #[error("zone `{zone}` repeats point {index} as point {next}: remove the duplicate")]
-    RepeatedPoint {
-        zone: String,
-        index: usize,
-        next: usize,
-    },
+    RepeatedPoint { zone: String, index: usize, next: usize },
     #[error("zone `{zone}` has zero area: its points are collinear or repeated")]
     ZeroArea { zone: String },
     #[error("zone `{zone}` intersects itself: edge {first} (from point {first}) meets edge {second} (from point {second}); list the points in order around the outline")]
@@ -188,10 +184,7 @@ pub(crate) fn check_frame(frame: (u32, u32)) -> Result<(), ZoneError> {
 }
 
 pub(crate) fn check_hysteresis(config: &AnalyticsConfig) -> Result<(), ZoneError> {
-    for (what, hysteresis) in [
-        ("zone", config.zone_hysteresis),
-        ("line", config.line_hysteresis),
-    ] {
+    for (what, hysteresis) in [("zone", config.zone_hysteresis), ("line", config.line_hysteresis)] {
         let margin_px = hysteresis.margin_px;
         if !(margin_px.is_finite() && margin_px >= 0.0) {
             return Err(ZoneError::InvalidMargin { what, margin_px });
@@ -223,7 +216,10 @@ impl ZoneSpec {
                 next: (index + 1) % n,
             });
         }
-        if doubled_area(&points) == 0.0 {
+        // All on one line first: such a "polygon" also folds back over itself, and zero area
+        // is the clearer message.
+        let collinear = points.iter().all(|p| cross(points[0], points[1], *p) == 0.0);
+        if collinear {
             return Err(ZoneError::ZeroArea { zone: zone() });
         }
         if let Some((first, second)) = first_self_intersection(&points) {
@@ -232,6 +228,9 @@ impl ZoneSpec {
                 first,
                 second,
             });
+        }
+        if doubled_area(&points) == 0.0 {
+            return Err(ZoneError::ZeroArea { zone: zone() });
         }
         Ok(Zone {
             name: self.name.clone(),

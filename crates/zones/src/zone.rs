@@ -70,11 +70,10 @@ impl ZoneState {
     /// (ties to even, NumPy's `rint`) as supervision's mask lookup does, and the boundary
     /// counts as inside. `margin` is the dead band around the boundary in which the current
     /// side is kept.
-    fn side(&self, anchor: Xy, current: bool, margin: f64) -> bool {
+    fn side(zone: &Zone, anchor: Xy, current: bool, margin: f64) -> bool {
         let pixel = (anchor.0.round_ties_even(), anchor.1.round_ties_even());
-        let inside = self.zone.polygon.contains(pixel);
-        if inside != current && margin > 0.0 && self.zone.polygon.boundary_distance(pixel) < margin
-        {
+        let inside = zone.polygon.contains(pixel);
+        if inside != current && margin > 0.0 && zone.polygon.boundary_distance(pixel) < margin {
             return current;
         }
         inside
@@ -88,12 +87,12 @@ impl ZoneState {
         at: Duration,
         events: &mut Vec<ZoneEvent>,
     ) {
-        let current = self.tracks.get(&seen.track).is_some_and(|m| m.inside);
-        let side = self.side(seen.anchor, current, f64::from(hysteresis.margin_px));
         let membership = self
             .tracks
             .entry(seen.track)
             .or_insert_with(|| Membership::outside(seen.class_id, seen.bbox));
+        let margin = f64::from(hysteresis.margin_px);
+        let side = Self::side(&self.zone, seen.anchor, membership.inside, margin);
         membership.class_id = seen.class_id;
         membership.bbox = seen.bbox;
         let event = |kind| ZoneEvent {

@@ -41,7 +41,11 @@ fn birth_only_after_min_hits() {
         for (i, u) in updates.iter().enumerate() {
             let expected = (i >= born_at).then_some(TrackId(1));
             assert_eq!(u.assignments, vec![expected], "min_hits {min_hits}, frame {i}");
-            let started = if i == born_at { vec![(TrackId(1), 0)] } else { vec![] };
+            let started = if i == born_at {
+                vec![(TrackId(1), 0)]
+            } else {
+                vec![]
+            };
             assert_eq!(u.started, started, "min_hits {min_hits}, frame {i}");
         }
     }
@@ -59,7 +63,10 @@ fn a_tentative_track_missing_a_frame_is_dropped() {
     // Frames 0-1 are one tentative track, dropped at the gap; 3-5 a new one, confirmed at 5.
     let ids: Vec<Option<TrackId>> = updates.iter().flat_map(|u| u.assignments.clone()).collect();
     assert_eq!(ids, vec![None, None, None, None, Some(TrackId(1))]);
-    assert!(updates.iter().all(|u| u.ended.is_empty()), "tentative tracks end silently");
+    assert!(
+        updates.iter().all(|u| u.ended.is_empty()),
+        "tentative tracks end silently"
+    );
 }
 
 #[test]
@@ -107,10 +114,18 @@ fn an_occlusion_longer_than_lost_after_ends_the_track() {
     run(&mut t, 0, &still(10, d));
     // Last seen at frame 9 (360 ms). At frame 35 (1400 ms) the gap is 1.04 s: it ends there.
     let updates = run(&mut t, 10, &vec![vec![]; 26]);
-    let ended_at: Vec<usize> = updates.iter().enumerate().filter(|(_, u)| !u.ended.is_empty()).map(|(i, _)| i + 10).collect();
+    let ended_at: Vec<usize> = updates
+        .iter()
+        .enumerate()
+        .filter(|(_, u)| !u.ended.is_empty())
+        .map(|(i, _)| i + 10)
+        .collect();
     assert_eq!(ended_at, vec![35]);
     let ended = &updates[25].ended[0];
-    assert_eq!((ended.id, ended.first_seen, ended.last_seen, ended.hits), (TrackId(1), frame(0), frame(9), 10));
+    assert_eq!(
+        (ended.id, ended.first_seen, ended.last_seen, ended.hits),
+        (TrackId(1), frame(0), frame(9), 10)
+    );
     // The object comes back: a new track, a new id.
     let back = run(&mut t, 36, &still(2, d));
     assert_eq!(back[1].assignments, vec![Some(TrackId(2))]);
@@ -165,9 +180,17 @@ fn a_detection_flickering_below_high_score_is_kept_by_the_low_stage() {
 
 #[test]
 fn class_aware_tracks_only_match_their_class() {
-    let frames = [vec![det(0, 0.9, 100.0, 100.0)], vec![det(0, 0.9, 100.0, 100.0)], vec![det(1, 0.9, 100.0, 100.0)], vec![det(1, 0.9, 100.0, 100.0)]];
+    let frames = [
+        vec![det(0, 0.9, 100.0, 100.0)],
+        vec![det(0, 0.9, 100.0, 100.0)],
+        vec![det(1, 0.9, 100.0, 100.0)],
+        vec![det(1, 0.9, 100.0, 100.0)],
+    ];
     let mut aware = tracker();
-    let ids: Vec<Option<TrackId>> = run(&mut aware, 0, &frames).iter().map(|u| u.assignments[0]).collect();
+    let ids: Vec<Option<TrackId>> = run(&mut aware, 0, &frames)
+        .iter()
+        .map(|u| u.assignments[0])
+        .collect();
     assert_eq!(ids, vec![None, Some(TrackId(1)), None, Some(TrackId(2))]);
     assert_eq!(aware.live_tracks(), 2, "track 1 is lost, not ended");
 
@@ -175,8 +198,14 @@ fn class_aware_tracks_only_match_their_class() {
         class_aware: false,
         ..Default::default()
     });
-    let ids: Vec<Option<TrackId>> = run(&mut agnostic, 0, &frames).iter().map(|u| u.assignments[0]).collect();
-    assert_eq!(ids, vec![None, Some(TrackId(1)), Some(TrackId(1)), Some(TrackId(1))]);
+    let ids: Vec<Option<TrackId>> = run(&mut agnostic, 0, &frames)
+        .iter()
+        .map(|u| u.assignments[0])
+        .collect();
+    assert_eq!(
+        ids,
+        vec![None, Some(TrackId(1)), Some(TrackId(1)), Some(TrackId(1))]
+    );
 }
 
 #[test]
@@ -204,8 +233,14 @@ fn summaries_keep_the_best_detection() {
         t.observe(&[det(2, score, 100.0 + i as f32, 100.0)], frame(i as u64));
     }
     let live = t.track(TrackId(1)).expect("confirmed at frame 1");
-    assert_eq!((live.best_score, live.best_box), (0.95, det(2, 0.95, 101.0, 100.0).bbox));
-    assert_eq!((live.class_id, live.hits, live.first_seen, live.last_seen), (2, 4, frame(0), frame(3)));
+    assert_eq!(
+        (live.best_score, live.best_box),
+        (0.95, det(2, 0.95, 101.0, 100.0).bbox)
+    );
+    assert_eq!(
+        (live.class_id, live.hits, live.first_seen, live.last_seen),
+        (2, 4, frame(0), frame(3))
+    );
     assert_eq!(live.last_box, det(2, 0.4, 103.0, 100.0).bbox);
     assert_eq!(t.finish(), vec![live]);
     assert_eq!(t.track(TrackId(1)), None);
@@ -220,11 +255,18 @@ fn non_finite_detections_are_ignored() {
         score: f32::NAN,
         ..det(0, 0.9, 300.0, 100.0)
     };
-    let updates = run(&mut t, 0, &still(3, bad).into_iter().map(|mut f| {
-        f.push(nan_score);
-        f.push(det(0, 0.9, 500.0, 100.0));
-        f
-    }).collect::<Vec<_>>());
+    let updates = run(
+        &mut t,
+        0,
+        &still(3, bad)
+            .into_iter()
+            .map(|mut f| {
+                f.push(nan_score);
+                f.push(det(0, 0.9, 500.0, 100.0));
+                f
+            })
+            .collect::<Vec<_>>(),
+    );
     assert_eq!(updates[2].assignments, vec![None, None, Some(TrackId(1))]);
     assert_eq!(t.live_tracks(), 1);
 }
