@@ -110,7 +110,10 @@ mod tests {
         let wait = Duration::from_millis(200);
         let mut batch = PendingBatch::new(10, wait);
         assert_eq!(batch.due_at(), None);
-        assert!(!batch.is_due(t0 + Duration::from_secs(3600)), "an empty batch is never due");
+        assert!(
+            !batch.is_due(t0 + Duration::from_secs(3600)),
+            "an empty batch is never due"
+        );
         batch.push(attach(0), t0);
         batch.push(attach(1), t0 + Duration::from_millis(150));
         assert_eq!(batch.due_at(), Some(t0 + wait));

@@ -102,9 +102,12 @@ mod tests {
     #[test]
     fn the_defaults_are_valid_and_each_bad_setting_is_named() {
         assert!(StoreConfig::default().validate().is_ok());
-        let cases: [(&str, fn(&mut StoreConfig)); 6] = [
+        type Spoil = fn(&mut StoreConfig);
+        let cases: [(&str, Spoil); 6] = [
             ("flush interval", |c| c.flush_interval = Duration::ZERO),
-            ("flush interval", |c| c.flush_interval = Duration::from_millis(1001)),
+            ("flush interval", |c| {
+                c.flush_interval = Duration::from_millis(1001)
+            }),
             ("queue capacity", |c| c.queue_capacity = 0),
             ("max batch", |c| c.max_batch = 0),
             ("retention interval", |c| c.retention_interval = Duration::ZERO),
@@ -116,8 +119,10 @@ mod tests {
             let message = config.validate().unwrap_err().to_string();
             assert!(message.contains(named), "{message:?} should name {named:?}");
         }
-        let mut config = StoreConfig::default();
-        config.flush_interval = MAX_FLUSH_INTERVAL;
+        let config = StoreConfig {
+            flush_interval: MAX_FLUSH_INTERVAL,
+            ..StoreConfig::default()
+        };
         assert!(config.validate().is_ok(), "1 s itself is allowed");
     }
 }

@@ -44,6 +44,28 @@ pub struct StoredEvent {
 }
 
 impl NewEvent {
+    /// An event with only the required fields; the optional ones are `None`.
+    pub fn new(
+        id: impl Into<String>,
+        stream: impl Into<String>,
+        kind: impl Into<String>,
+        at_ms: i64,
+        payload: impl Into<String>,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            stream: stream.into(),
+            kind: kind.into(),
+            label: None,
+            track_id: None,
+            zone: None,
+            at_ms,
+            score: None,
+            payload: payload.into(),
+            snapshot: None,
+        }
+    }
+
     /// Why this event cannot be stored, if it cannot.
     pub(crate) fn invalid_because(&self) -> Option<&'static str> {
         if let Some(reason) = id_invalid_because(&self.id) {
@@ -119,29 +141,22 @@ mod tests {
     use super::*;
 
     fn event() -> NewEvent {
-        NewEvent {
-            id: "0192-a".into(),
-            stream: "gate".into(),
-            kind: "zone.enter".into(),
-            label: None,
-            track_id: None,
-            zone: None,
-            at_ms: 0,
-            score: None,
-            payload: "{}".into(),
-            snapshot: None,
-        }
+        NewEvent::new("0192-a", "gate", "zone.enter", 0, "{}")
     }
 
     #[test]
     fn each_unstorable_event_says_why() {
         assert_eq!(event().invalid_because(), None);
-        let cases: [(fn(&mut NewEvent), &str); 5] = [
+        type Spoil = fn(&mut NewEvent);
+        let cases: [(Spoil, &str); 5] = [
             (|e| e.id.clear(), "the id is empty"),
             (|e| e.id = "x".repeat(201), "the id is longer than 200 bytes"),
             (|e| e.stream.clear(), "the stream name is empty"),
             (|e| e.kind.clear(), "the event kind is empty"),
-            (|e| e.snapshot = Some(PathBuf::new()), "the snapshot path is empty"),
+            (
+                |e| e.snapshot = Some(PathBuf::new()),
+                "the snapshot path is empty",
+            ),
         ];
         for (spoil, reason) in cases {
             let mut e = event();

@@ -115,7 +115,10 @@ impl FromStr for Cursor {
             .next()
             .and_then(|at| at.parse::<i64>().ok())
             .ok_or_else(|| refuse("no time inside"))?;
-        let id = parts.next().filter(|id| !id.is_empty()).ok_or_else(|| refuse("no id inside"))?;
+        let id = parts
+            .next()
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| refuse("no id inside"))?;
         Ok(Self {
             at_ms,
             id: id.to_owned(),
@@ -217,7 +220,8 @@ mod tests {
         };
         let text = cursor.to_string();
         assert!(
-            text.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            text.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
             "{text}"
         );
         assert_eq!(text.parse::<Cursor>(), Ok(cursor));
@@ -239,7 +243,10 @@ mod tests {
             let error = text.parse::<Cursor>().unwrap_err();
             assert_eq!(error.reason, reason, "{text}");
             let message = StoreError::from(error).to_string();
-            assert!(message.contains(reason) && message.contains("cursor"), "{message}");
+            assert!(
+                message.contains(reason) && message.contains("cursor"),
+                "{message}"
+            );
         }
     }
 
@@ -258,7 +265,10 @@ mod tests {
         }
         .validate()
         .unwrap_err();
-        assert_eq!(error.to_string(), "limit 0 is out of range: ask for 1 to 1000 events per page");
+        assert_eq!(
+            error.to_string(),
+            "limit 0 is out of range: ask for 1 to 1000 events per page"
+        );
         assert!(error.is_bad_request());
         let range = |after_ms, before_ms| EventQuery {
             after_ms: Some(after_ms),
@@ -266,7 +276,73 @@ mod tests {
             ..EventQuery::default()
         };
         assert!(range(5, 6).validate().is_ok());
-        assert!(matches!(range(6, 6).validate(), Err(StoreError::EmptyTimeRange { .. })));
-        assert!(matches!(range(7, 6).validate(), Err(StoreError::EmptyTimeRange { .. })));
+        assert!(matches!(
+            range(6, 6).validate(),
+            Err(StoreError::EmptyTimeRange { .. })
+        ));
+        assert!(matches!(
+            range(7, 6).validate(),
+            Err(StoreError::EmptyTimeRange { .. })
+        ));
+    }
+
+    /// SQLite's plan for a query: one line per step.
+    fn plan(conn: &Connection, query: &EventQuery) -> Vec<String> {
+        let (sql, params) = query.to_sql();
+        let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = statement
+            .query_map(rusqlite::params_from_iter(params), |row| row.get::<_, String>(3))
+            .unwrap();
+        rows.map(Result::unwrap).collect()
+    }
+
+    #[test]
+    fn every_filter_walks_an_index_in_page_order_without_sorting() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::schema::open_writer(&dir.path().join("events.sqlite3")).unwrap();
+        let cursor = Some(Cursor {
+            at_ms: 5,
+            id: "x".into(),
+        });
+        let some = |text: &str| Some(text.to_owned());
+        let queries = [
+            EventQuery::default(),
+            EventQuery {
+                after_ms: Some(1),
+                before_ms: Some(9),
+                ..EventQuery::default()
+            },
+            EventQuery {
+                cursor: cursor.clone(),
+                ..EventQuery::default()
+            },
+            EventQuery {
+                stream: some("gate"),
+                cursor: cursor.clone(),
+                ..EventQuery::default()
+            },
+            EventQuery {
+                label: some("person"),
+                after_ms: Some(1),
+                ..EventQuery::default()
+            },
+            EventQuery {
+                zone: some("dock"),
+                ..EventQuery::default()
+            },
+            EventQuery {
+                kind: some("line.cross"),
+                before_ms: Some(9),
+                ..EventQuery::default()
+            },
+        ];
+        for query in queries {
+            let plan = plan(&conn, &query);
+            assert!(
+                plan.iter()
+                    .all(|step| step.contains("USING INDEX") && !step.contains("TEMP B-TREE")),
+                "{query:?}: {plan:?}"
+            );
+        }
     }
 }

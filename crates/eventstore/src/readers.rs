@@ -21,7 +21,9 @@ impl ReadPool {
         let (give_back, idle) = crossbeam_channel::bounded(connections);
         for _ in 0..connections {
             let conn = schema::open_reader(path)?;
-            give_back.try_send(conn).expect("the pool channel holds every connection");
+            give_back
+                .try_send(conn)
+                .expect("the pool channel holds every connection");
         }
         Ok(Self { give_back, idle })
     }

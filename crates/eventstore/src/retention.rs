@@ -99,8 +99,7 @@ fn drop_snapshots_over(tx: &Transaction<'_>, max_bytes: u64) -> rusqlite::Result
             Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut clear =
-        tx.prepare("UPDATE events SET snapshot = NULL, snapshot_bytes = NULL WHERE seq = ?1")?;
+    let mut clear = tx.prepare("UPDATE events SET snapshot = NULL, snapshot_bytes = NULL WHERE seq = ?1")?;
     let mut files = Vec::with_capacity(rows.len());
     for (seq, path) in rows {
         clear.execute([seq])?;
@@ -135,14 +134,23 @@ mod tests {
             conn.execute(
                 "INSERT INTO events (id, stream, kind, at_ms, payload, snapshot, snapshot_bytes)
                  VALUES (?1, 'gate', 'object.end', ?2, '{}', ?3, ?4)",
-                params![id, at_ms, bytes.map(|_| format!("{id}.jpg")), bytes.map(|b| b as i64)],
+                params![
+                    id,
+                    at_ms,
+                    bytes.map(|_| format!("{id}.jpg")),
+                    bytes.map(|b| b as i64)
+                ],
             )
             .unwrap();
         }
         (dir, conn)
     }
 
-    fn apply_limits(conn: &mut Connection, limits: RetentionLimits, now_ms: i64) -> (RetentionReport, Vec<PathBuf>) {
+    fn apply_limits(
+        conn: &mut Connection,
+        limits: RetentionLimits,
+        now_ms: i64,
+    ) -> (RetentionReport, Vec<PathBuf>) {
         let tx = conn.transaction().unwrap();
         let outcome = apply(&tx, &limits, now_ms).unwrap();
         tx.commit().unwrap();
@@ -150,8 +158,12 @@ mod tests {
     }
 
     fn remaining(conn: &Connection) -> Vec<(String, Option<String>)> {
-        let mut statement = conn.prepare("SELECT id, snapshot FROM events ORDER BY at_ms").unwrap();
-        let rows = statement.query_map([], |row| Ok((row.get(0)?, row.get(1)?))).unwrap();
+        let mut statement = conn
+            .prepare("SELECT id, snapshot FROM events ORDER BY at_ms")
+            .unwrap();
+        let rows = statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap();
         rows.map(Result::unwrap).collect()
     }
 
@@ -174,7 +186,13 @@ mod tests {
             ..NO_LIMITS
         };
         let (report, files) = apply_limits(&mut conn, limits, now_ms);
-        assert_eq!(report, RetentionReport { events_removed: 1, snapshots_removed: 1 });
+        assert_eq!(
+            report,
+            RetentionReport {
+                events_removed: 1,
+                snapshots_removed: 1
+            }
+        );
         assert_eq!(files, vec![PathBuf::from("old.jpg")]);
         let ids: Vec<_> = remaining(&conn).into_iter().map(|(id, _)| id).collect();
         assert_eq!(ids, ["edge", "new"], "exactly max_age old is kept");
@@ -188,11 +206,21 @@ mod tests {
             ..NO_LIMITS
         };
         let (report, files) = apply_limits(&mut conn, limits, 0);
-        assert_eq!(report, RetentionReport { events_removed: 2, snapshots_removed: 1 });
+        assert_eq!(
+            report,
+            RetentionReport {
+                events_removed: 2,
+                snapshots_removed: 1
+            }
+        );
         assert_eq!(files, vec![PathBuf::from("a.jpg")]);
         assert_eq!(remaining(&conn), [("c".into(), None), ("d".into(), None)]);
         let (report, _) = apply_limits(&mut conn, limits, 0);
-        assert_eq!(report, RetentionReport::default(), "at the limit nothing more goes");
+        assert_eq!(
+            report,
+            RetentionReport::default(),
+            "at the limit nothing more goes"
+        );
     }
 
     #[test]
@@ -209,11 +237,33 @@ mod tests {
             ..NO_LIMITS
         };
         let (report, files) = apply_limits(&mut conn, limits, 0);
-        assert_eq!(report, RetentionReport { events_removed: 0, snapshots_removed: 1 });
+        assert_eq!(
+            report,
+            RetentionReport {
+                events_removed: 0,
+                snapshots_removed: 1
+            }
+        );
         assert_eq!(files, vec![PathBuf::from("a.jpg")], "30 + 30 + 40 = 100 fit");
         let snapshots: Vec<_> = remaining(&conn).into_iter().map(|(_, s)| s).collect();
-        assert_eq!(snapshots, [None, Some("b.jpg".into()), None, Some("d.jpg".into()), Some("e.jpg".into())]);
-        let (report, _) = apply_limits(&mut conn, RetentionLimits { max_snapshot_bytes: Some(0), ..NO_LIMITS }, 0);
+        assert_eq!(
+            snapshots,
+            [
+                None,
+                Some("b.jpg".into()),
+                None,
+                Some("d.jpg".into()),
+                Some("e.jpg".into())
+            ]
+        );
+        let (report, _) = apply_limits(
+            &mut conn,
+            RetentionLimits {
+                max_snapshot_bytes: Some(0),
+                ..NO_LIMITS
+            },
+            0,
+        );
         assert_eq!(report.snapshots_removed, 3);
         assert_eq!(remaining(&conn).len(), 5);
     }

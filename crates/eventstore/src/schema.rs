@@ -65,7 +65,8 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
             mode,
         });
     }
-    conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(open_error)?;
     migrate(&mut conn, path)?;
     Ok(conn)
 }
@@ -111,7 +112,8 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     for step in &MIGRATIONS[from..] {
         tx.execute_batch(step).map_err(migrate_error)?;
     }
-    tx.pragma_update(None, "user_version", SCHEMA_VERSION as i64).map_err(migrate_error)?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION as i64)
+        .map_err(migrate_error)?;
     tx.commit().map_err(migrate_error)?;
     tracing::info!(path = %path.display(), from, to = SCHEMA_VERSION, "event database schema upgraded");
     Ok(())
@@ -122,7 +124,8 @@ mod tests {
     use super::*;
 
     fn user_version(conn: &Connection) -> i64 {
-        conn.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap()
+        conn.pragma_query_value(None, "user_version", |row| row.get(0))
+            .unwrap()
     }
 
     #[test]
@@ -140,7 +143,9 @@ mod tests {
         drop(conn);
         let conn = open_writer(&path).unwrap();
         assert_eq!(user_version(&conn), SCHEMA_VERSION as i64);
-        let rows: i64 = conn.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0)).unwrap();
+        let rows: i64 = conn
+            .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(rows, 1, "reopening kept the row (no migration ran again)");
         let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, "wal");
@@ -150,9 +155,15 @@ mod tests {
     fn a_database_from_a_newer_build_is_refused_untouched() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.sqlite3");
-        Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
         let error = open_writer(&path).unwrap_err();
-        assert!(matches!(error, StoreError::SchemaTooNew { found: 99, .. }), "{error}");
+        assert!(
+            matches!(error, StoreError::SchemaTooNew { found: 99, .. }),
+            "{error}"
+        );
         assert!(error.to_string().contains("schema version 99"), "{error}");
         assert_eq!(user_version(&Connection::open(&path).unwrap()), 99);
     }

@@ -46,7 +46,10 @@ impl Counters {
     }
 
     pub(crate) fn set_last_error(&self, error: String) {
-        *self.last_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error);
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error);
     }
 
     pub(crate) fn read(&self, queued: usize) -> StoreStats {

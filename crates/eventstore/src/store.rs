@@ -200,7 +200,9 @@ pub(crate) struct WriterHold {
 
 impl std::fmt::Debug for EventStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventStore").field("path", &self.shared.path).finish_non_exhaustive()
+        f.debug_struct("EventStore")
+            .field("path", &self.shared.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -216,3 +218,7 @@ impl Drop for Shared {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;

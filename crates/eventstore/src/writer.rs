@@ -23,14 +23,20 @@ type Reply<T> = Sender<Result<T, StoreError>>;
 pub(crate) enum Command {
     Write(Write),
     Flush(Reply<()>),
-    Delete { id: String, reply: Reply<bool> },
+    Delete {
+        id: String,
+        reply: Reply<bool>,
+    },
     RunRetention(Reply<RetentionReport>),
     /// The last handle is gone: commit what is pending and stop.
     Shutdown,
     /// Tests: stop taking commands until `release` is sent to (or dropped), after saying so
     /// on `held`. Makes the writer as slow as a test needs, without sleeps.
     #[cfg(test)]
-    Hold { held: Sender<()>, release: Receiver<()> },
+    Hold {
+        held: Sender<()>,
+        release: Receiver<()>,
+    },
 }
 
 pub(crate) struct Writer {
@@ -163,7 +169,11 @@ impl Writer {
     fn delete(&mut self, id: &str) -> Result<bool, StoreError> {
         let deleted: Option<Option<String>> = self
             .conn
-            .query_row("DELETE FROM events WHERE id = ?1 RETURNING snapshot", [id], |row| row.get(0))
+            .query_row(
+                "DELETE FROM events WHERE id = ?1 RETURNING snapshot",
+                [id],
+                |row| row.get(0),
+            )
             .optional()
             .map_err(|error| StoreError::Write(error.to_string()))?;
         if let Some(Some(snapshot)) = &deleted {
@@ -188,7 +198,11 @@ impl Writer {
                 Counters::add(&self.counters.removed_by_retention, report.events_removed);
                 self.delete_files(&files);
                 if report != RetentionReport::default() {
-                    tracing::info!(events = report.events_removed, snapshots = report.snapshots_removed, "retention removed old events");
+                    tracing::info!(
+                        events = report.events_removed,
+                        snapshots = report.snapshots_removed,
+                        "retention removed old events"
+                    );
                 }
                 Ok(report)
             }
@@ -209,7 +223,8 @@ impl Writer {
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
                 Err(error) => {
                     tracing::warn!(path = %file.display(), %error, "could not delete a snapshot file");
-                    self.counters.set_last_error(format!("deleting snapshot {} failed: {error}", file.display()));
+                    self.counters
+                        .set_last_error(format!("deleting snapshot {} failed: {error}", file.display()));
                 }
             }
         }
@@ -247,7 +262,11 @@ fn insert(
     if inserted == 1 {
         outcome.written += 1;
     } else {
-        tracing::warn!(id = event.id, stream = event.stream, "an event with this id is already stored; the new one is dropped");
+        tracing::warn!(
+            id = event.id,
+            stream = event.stream,
+            "an event with this id is already stored; the new one is dropped"
+        );
         counters.set_last_error(format!("duplicate event id {:?}", event.id));
         outcome.rejected += 1;
     }
