@@ -1,14 +1,15 @@
-//! The rows: what a caller records ([`NewEvent`]) and what a query returns ([`StoredEvent`]).
+//! The rows: [`Event`], what a caller records and a query returns, and its checks.
 
 use std::path::{Path, PathBuf};
 
 /// Longest event id accepted, in bytes. Ids are the caller's (UUIDv7 text is 36).
 pub const MAX_ID_BYTES: usize = 200;
 
-/// An event to record. The store reads only the indexed fields; `payload` is the caller's
+/// An event: what a caller records ([`NewEvent`]) is what a query returns
+/// ([`StoredEvent`]). The store reads only the indexed fields; `payload` is the caller's
 /// wire JSON, stored and returned as it is.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NewEvent {
+pub struct Event {
     /// The caller's id, time-ordered (UUIDv7 text, say): it is published (webhooks, MQTT)
     /// before the row exists, so the store does not make one. Unique: a second event with
     /// the same id is refused and counted.
@@ -23,27 +24,18 @@ pub struct NewEvent {
     pub at_ms: i64,
     pub score: Option<f32>,
     pub payload: String,
-    /// A snapshot file already written. The store owns it from here on: it deletes it with
-    /// the event, on retention, or when a later snapshot replaces it.
+    /// The snapshot file, already written. Recorded, the store owns it from then on: it
+    /// deletes it with the event, on retention, or when a later snapshot replaces it.
     pub snapshot: Option<PathBuf>,
 }
 
-/// An event as stored.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredEvent {
-    pub id: String,
-    pub stream: String,
-    pub kind: String,
-    pub label: Option<String>,
-    pub track_id: Option<u64>,
-    pub zone: Option<String>,
-    pub at_ms: i64,
-    pub score: Option<f32>,
-    pub payload: String,
-    pub snapshot: Option<PathBuf>,
-}
+/// An event to record.
+pub type NewEvent = Event;
+/// An event as stored: its snapshot is the one attached last, or `None` once retention
+/// took it.
+pub type StoredEvent = Event;
 
-impl NewEvent {
+impl Event {
     /// An event with only the required fields; the optional ones are `None`.
     pub fn new(
         id: impl Into<String>,
@@ -105,11 +97,11 @@ pub(crate) fn snapshot_path_invalid_because(path: &Path) -> Option<&'static str>
     }
 }
 
-/// The columns [`StoredEvent::from_row`] reads, in its order.
+/// The columns [`Event::from_row`] reads, in its order.
 pub(crate) const EVENT_COLUMNS: &str =
     "id, stream, kind, label, track_id, zone, at_ms, score, payload, snapshot";
 
-impl StoredEvent {
+impl Event {
     pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
             id: row.get(0)?,

@@ -27,7 +27,7 @@ mod writer;
 
 pub use config::{StoreConfig, MAX_FLUSH_INTERVAL};
 pub use error::{Dropped, StoreError};
-pub use event::{NewEvent, StoredEvent, MAX_ID_BYTES};
+pub use event::{Event, NewEvent, StoredEvent, MAX_ID_BYTES};
 pub use query::{Cursor, CursorError, EventQuery, Page, DEFAULT_LIMIT, MAX_LIMIT};
 pub use retention::RetentionReport;
 pub use schema::SCHEMA_VERSION;

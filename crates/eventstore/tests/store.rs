@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use peregrine_eventstore::{
-    Cursor, Dropped, EventQuery, EventStore, NewEvent, RetentionReport, StoreConfig, StoreError, StoredEvent,
+    Cursor, Dropped, EventQuery, EventStore, NewEvent, RetentionReport, StoreConfig, StoreError,
 };
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -44,6 +44,23 @@ fn snapshot(dir: &Path, name: &str, bytes: usize) -> PathBuf {
     path
 }
 
+/// Events "0", "1", ... captured at 0, 1, ... ms, each with a snapshot of `bytes` bytes.
+fn record_with_snapshots(store: &EventStore, dir: &Path, count: usize, bytes: usize) -> Vec<PathBuf> {
+    let files: Vec<PathBuf> = (0..count)
+        .map(|n| snapshot(dir, &format!("{n}.jpg"), bytes))
+        .collect();
+    for (n, file) in files.iter().enumerate() {
+        let at_ms = n as i64;
+        store
+            .record(NewEvent {
+                snapshot: Some(file.clone()),
+                ..event(&n.to_string(), at_ms)
+            })
+            .unwrap();
+    }
+    files
+}
+
 fn all(store: &EventStore, query: EventQuery) -> Vec<String> {
     let page = store.query(&EventQuery { limit: 1000, ..query }).unwrap();
     assert!(page.next.is_none());
@@ -63,20 +80,11 @@ fn every_field_comes_back_as_recorded() {
     };
     store.record(recorded.clone()).unwrap();
     store.flush().unwrap();
-    let stored = store.get("a").unwrap().unwrap();
-    let expected = StoredEvent {
-        id: recorded.id,
-        stream: recorded.stream,
-        kind: recorded.kind,
-        label: recorded.label,
-        track_id: recorded.track_id,
-        zone: recorded.zone,
-        at_ms: recorded.at_ms,
-        score: recorded.score,
-        payload: recorded.payload,
-        snapshot: recorded.snapshot,
-    };
-    assert_eq!(stored, expected);
+    assert_eq!(
+        store.get("a").unwrap(),
+        Some(recorded),
+        "what is stored is what was recorded"
+    );
     assert_eq!(store.get("b").unwrap(), None);
     assert_eq!(store.stats().written, 1);
 }
@@ -101,77 +109,49 @@ fn filters_combine_and_the_time_range_is_after_inclusive_before_exclusive() {
             .unwrap();
     }
     store.flush().unwrap();
-    let some = |text: &str| Some(text.to_owned());
-    let cases = [
-        (EventQuery::default(), vec!["5", "4", "3", "2", "1"]),
+    // ([stream, label, zone, kind], [after_ms, before_ms]) and the ids it finds.
+    type Filters = ([Option<&'static str>; 4], [Option<i64>; 2]);
+    let cases: [(Filters, Vec<&str>); 10] = [
         (
-            EventQuery {
-                stream: some("gate"),
-                ..Default::default()
-            },
+            ([None, None, None, None], [None, None]),
+            vec!["5", "4", "3", "2", "1"],
+        ),
+        (
+            ([Some("gate"), None, None, None], [None, None]),
             vec!["3", "2", "1"],
         ),
+        (([None, Some("car"), None, None], [None, None]), vec!["4", "3"]),
         (
-            EventQuery {
-                label: some("car"),
-                ..Default::default()
-            },
-            vec!["4", "3"],
-        ),
-        (
-            EventQuery {
-                zone: some("dock"),
-                ..Default::default()
-            },
+            ([None, None, Some("dock"), None], [None, None]),
             vec!["4", "2", "1"],
         ),
         (
-            EventQuery {
-                kind: some("zone.enter"),
-                ..Default::default()
-            },
+            ([None, None, None, Some("zone.enter")], [None, None]),
             vec!["4", "1"],
         ),
         (
-            EventQuery {
-                stream: some("gate"),
-                zone: some("dock"),
-                kind: some("zone.exit"),
-                ..Default::default()
-            },
+            (
+                [Some("gate"), None, Some("dock"), Some("zone.exit")],
+                [None, None],
+            ),
             vec!["2"],
         ),
-        (
-            EventQuery {
-                after_ms: Some(20),
-                before_ms: Some(40),
-                ..Default::default()
-            },
-            vec!["3", "2"],
-        ),
-        (
-            EventQuery {
-                after_ms: Some(50),
-                ..Default::default()
-            },
-            vec!["5"],
-        ),
-        (
-            EventQuery {
-                before_ms: Some(10),
-                ..Default::default()
-            },
-            vec![],
-        ),
-        (
-            EventQuery {
-                label: some("dog"),
-                ..Default::default()
-            },
-            vec![],
-        ),
+        (([None, None, None, None], [Some(20), Some(40)]), vec!["3", "2"]),
+        (([None, None, None, None], [Some(50), None]), vec!["5"]),
+        (([None, None, None, None], [None, Some(10)]), vec![]),
+        (([None, Some("dog"), None, None], [None, None]), vec![]),
     ];
-    for (query, expected) in cases {
+    for (([stream, label, zone, kind], [after_ms, before_ms]), expected) in cases {
+        let owned = |text: Option<&str>| text.map(str::to_owned);
+        let query = EventQuery {
+            stream: owned(stream),
+            label: owned(label),
+            zone: owned(zone),
+            kind: owned(kind),
+            after_ms,
+            before_ms,
+            ..EventQuery::default()
+        };
         assert_eq!(all(&store, query.clone()), expected, "{query:?}");
     }
 }
@@ -358,17 +338,7 @@ fn retention_removes_events_older_than_the_age_limit_and_their_files() {
 #[test]
 fn retention_keeps_the_newest_events_up_to_the_count_limit() {
     let (dir, store) = store_with(|c| c.max_events = Some(3));
-    let files: Vec<PathBuf> = (0..5)
-        .map(|n| snapshot(dir.path(), &format!("{n}.jpg"), 10))
-        .collect();
-    for (n, file) in files.iter().enumerate() {
-        store
-            .record(NewEvent {
-                snapshot: Some(file.clone()),
-                ..event(&n.to_string(), n as i64)
-            })
-            .unwrap();
-    }
+    let files = record_with_snapshots(&store, dir.path(), 5, 10);
     assert_eq!(store.run_retention().unwrap().events_removed, 2);
     assert_eq!(all(&store, EventQuery::default()), ["4", "3", "2"]);
     let exists: Vec<bool> = files.iter().map(|f| f.exists()).collect();
@@ -378,17 +348,7 @@ fn retention_keeps_the_newest_events_up_to_the_count_limit() {
 #[test]
 fn retention_deletes_the_oldest_snapshots_past_the_byte_limit_and_keeps_their_events() {
     let (dir, store) = store_with(|c| c.max_snapshot_bytes = Some(250));
-    let files: Vec<PathBuf> = (0..4)
-        .map(|n| snapshot(dir.path(), &format!("{n}.jpg"), 100))
-        .collect();
-    for (n, file) in files.iter().enumerate() {
-        store
-            .record(NewEvent {
-                snapshot: Some(file.clone()),
-                ..event(&n.to_string(), n as i64)
-            })
-            .unwrap();
-    }
+    let files = record_with_snapshots(&store, dir.path(), 4, 100);
     let report = store.run_retention().unwrap();
     assert_eq!(
         report,
