@@ -21,7 +21,7 @@ fn payload(n: usize) -> String {
 
 fn event(n: usize) -> NewEvent {
     NewEvent {
-        label: Some(if n % 3 == 0 { "car" } else { "person" }.into()),
+        label: Some(if n.is_multiple_of(3) { "car" } else { "person" }.into()),
         track_id: Some(n as u64),
         zone: Some("dock".into()),
         score: Some(0.87),

@@ -89,7 +89,9 @@ impl Periodic {
 
     /// It ran at `now` (on schedule or asked for): the next run is a full period later.
     pub(crate) fn ran(&mut self, now: Instant) {
-        self.next_at = now + self.every;
+        // A period too long for the clock's range means "not again for a long while".
+        const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        self.next_at = now.checked_add(self.every).unwrap_or(now + FAR);
     }
 }
 
@@ -148,5 +150,8 @@ mod tests {
         assert_eq!(retention.next_at(), t0 + Duration::from_secs(62));
         assert!(!retention.is_due(t0 + Duration::from_secs(61)));
         assert!(retention.is_due(t0 + Duration::from_secs(62)));
+        let mut never = Periodic::new(t0, Duration::MAX);
+        never.ran(t0);
+        assert!(!never.is_due(t0 + Duration::from_secs(10 * 365 * 24 * 3600)));
     }
 }

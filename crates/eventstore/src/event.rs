@@ -24,8 +24,9 @@ pub struct Event {
     pub at_ms: i64,
     pub score: Option<f32>,
     pub payload: String,
-    /// The snapshot file, already written. Recorded, the store owns it from then on: it
-    /// deletes it with the event, on retention, or when a later snapshot replaces it.
+    /// The snapshot file, already written (an absolute path: a relative one is taken from
+    /// the working directory). Recorded, the store owns it from then on: it deletes it with
+    /// the event, on retention, or when a later snapshot replaces it.
     pub snapshot: Option<PathBuf>,
 }
 

@@ -176,9 +176,8 @@ impl EventQuery {
     }
 }
 
-/// Runs a validated query on a read connection.
+/// Runs a query the caller has validated, on a read connection.
 pub(crate) fn run(conn: &Connection, query: &EventQuery) -> Result<Page, StoreError> {
-    query.validate()?;
     let (sql, params) = query.to_sql();
     let mut statement = conn.prepare_cached(&sql).map_err(StoreError::Read)?;
     let rows = statement

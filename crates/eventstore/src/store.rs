@@ -173,18 +173,24 @@ impl EventStore {
         answer.recv().map_err(|_| StoreError::WriterStopped)?
     }
 
-    /// Tests: hold the writer (it stops taking commands) until the guard is dropped.
+    /// Tests: run `on_writer` on the writer's connection in its turn, without waiting.
+    #[cfg(test)]
+    pub(crate) fn on_writer(&self, on_writer: impl FnOnce(&rusqlite::Connection) + Send + 'static) {
+        self.shared
+            .commands
+            .send(Command::OnWriter(Box::new(on_writer)))
+            .expect("the writer runs");
+    }
+
+    /// Tests: hold the writer (it takes no commands) until the guard is dropped.
     #[cfg(test)]
     pub(crate) fn hold_writer(&self) -> WriterHold {
         let (held, writer_held) = crossbeam_channel::bounded(1);
-        let (release, released) = crossbeam_channel::bounded(0);
-        self.shared
-            .commands
-            .send(Command::Hold {
-                held,
-                release: released,
-            })
-            .expect("the writer runs");
+        let (release, released) = crossbeam_channel::bounded::<()>(0);
+        self.on_writer(move |_| {
+            let _ = held.send(());
+            let _ = released.recv();
+        });
         writer_held
             .recv_timeout(std::time::Duration::from_secs(10))
             .expect("the writer takes the hold");

@@ -68,3 +68,50 @@ fn the_last_handle_dropped_commits_what_is_queued() {
     let reopened = EventStore::open(StoreConfig::at(dir.path().join("events.sqlite3"))).unwrap();
     assert!(reopened.get("e007").unwrap().is_some());
 }
+
+#[test]
+fn the_handle_can_be_shared_across_threads_and_tasks() {
+    fn shareable<T: Clone + Send + Sync + 'static>() {}
+    shareable::<EventStore>();
+}
+
+#[test]
+fn a_batch_the_disk_cannot_take_is_counted_lost_and_reported_by_the_next_flush_once() {
+    let (_dir, store) = store(10_000);
+    store.record(event(0)).unwrap();
+    store.flush().unwrap();
+    // The file may not grow past its current pages: the next inserts find the disk full.
+    store.on_writer(|conn| {
+        let pages: i64 = conn.query_row("PRAGMA page_count", [], |row| row.get(0)).unwrap();
+        conn.pragma_update(None, "max_page_count", pages).unwrap();
+    });
+    let big = "x".repeat(4096);
+    for n in 1..=50 {
+        store
+            .record(NewEvent {
+                payload: big.clone(),
+                ..event(n)
+            })
+            .unwrap();
+    }
+    let error = store.flush().unwrap_err();
+    assert!(
+        matches!(error, StoreError::EventsLost { events: 50, .. }),
+        "{error}"
+    );
+    let stats = store.stats();
+    assert_eq!((stats.written, stats.failed), (1, 50));
+    assert!(stats.last_error.unwrap().contains("full"));
+    store.flush().expect("the loss was reported once");
+
+    store.on_writer(|conn| {
+        conn.pragma_update(None, "max_page_count", 1 << 30).unwrap();
+    });
+    store.record(event(51)).unwrap();
+    store.flush().unwrap();
+    assert!(
+        store.get("e051").unwrap().is_some(),
+        "the writer goes on after a failed batch"
+    );
+    assert!(store.get("e001").unwrap().is_none());
+}

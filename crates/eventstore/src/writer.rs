@@ -30,13 +30,10 @@ pub(crate) enum Command {
     RunRetention(Reply<RetentionReport>),
     /// The last handle is gone: commit what is pending and stop.
     Shutdown,
-    /// Tests: stop taking commands until `release` is sent to (or dropped), after saying so
-    /// on `held`. Makes the writer as slow as a test needs, without sleeps.
+    /// Tests: run this on the writer's connection, in the writer's turn (to hold the writer
+    /// as long as a test needs, or to make its disk "full").
     #[cfg(test)]
-    Hold {
-        held: Sender<()>,
-        release: Receiver<()>,
-    },
+    OnWriter(Box<dyn FnOnce(&Connection) + Send>),
 }
 
 pub(crate) struct Writer {
@@ -120,10 +117,7 @@ impl Writer {
             }
             Command::Shutdown => {}
             #[cfg(test)]
-            Command::Hold { held, release } => {
-                let _ = held.send(());
-                let _ = release.recv();
-            }
+            Command::OnWriter(run) => run(&self.conn),
         }
     }
 
@@ -294,6 +288,7 @@ fn attach(
         return Ok(());
     };
     let Some((text, bytes)) = sized(counters, path) else {
+        outcome.rejected += 1;
         return Ok(());
     };
     tx.prepare_cached("UPDATE events SET snapshot = ?2, snapshot_bytes = ?3 WHERE id = ?1")?

@@ -308,6 +308,19 @@ fn a_later_snapshot_replaces_and_deletes_the_earlier_one() {
         "the store took the file over and had no event for it"
     );
     assert_eq!(store.stats().rejected, 1);
+
+    store
+        .attach_snapshot("a", dir.path().join("never-written.jpg"))
+        .unwrap();
+    store.flush().unwrap();
+    assert_eq!(
+        store.get("a").unwrap().unwrap().snapshot,
+        Some(second),
+        "a missing file is not attached"
+    );
+    let stats = store.stats();
+    assert_eq!(stats.rejected, 2);
+    assert!(stats.last_error.unwrap().contains("never-written.jpg"));
 }
 
 #[test]
