@@ -40,7 +40,7 @@ def launch(args):
     and gRPC addresses once it listens (not once it is ready)."""
     proc = subprocess.Popen(
         [BINARY, "serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
-         "--threads", "1", "--log-format", "text", *args],
+         "--threads", "1", "--log-format", "text", "--events-db", "none", *args],
         stderr=subprocess.PIPE, text=True)
     addresses = {}
     found = threading.Event()

@@ -38,6 +38,15 @@ pub enum ApiError {
     Stream(#[from] ManagerError),
     #[error("no such route; see /openapi.json")]
     NotFound,
+    /// A thing the request names does not exist (an event, a snapshot).
+    #[error("{0}")]
+    Missing(String),
+    #[error("event storage is off (--events-db none): no events are kept")]
+    EventsOff,
+    #[error(transparent)]
+    Events(#[from] peregrine_eventstore::StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error("not ready: {0}")]
     NotReady(String),
 }
@@ -80,12 +89,14 @@ impl ApiError {
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Lookup(LookupError::NotReady { .. }) | Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Lookup(_) | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::Lookup(_) | Self::NotFound | Self::Missing(_) | Self::EventsOff => StatusCode::NOT_FOUND,
+            Self::Events(e) if e.is_bad_request() => StatusCode::BAD_REQUEST,
+            Self::Events(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Registry(e) => Self::registry_status(e),
             Self::Stream(e) => match e {
                 ManagerError::Duplicate(_) => StatusCode::CONFLICT,
                 ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
-                ManagerError::Config(_) => StatusCode::BAD_REQUEST,
+                ManagerError::Config(_) | ManagerError::Places { .. } => StatusCode::BAD_REQUEST,
                 ManagerError::Start { .. } => StatusCode::UNPROCESSABLE_ENTITY,
                 ManagerError::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
             },
@@ -109,7 +120,9 @@ impl ApiError {
             Self::BodyTooLarge { .. } => Code::ResourceExhausted,
             Self::BodyTimeout { .. } => Code::DeadlineExceeded,
             Self::Lookup(LookupError::NotReady { .. }) | Self::NotReady(_) => Code::Unavailable,
-            Self::Lookup(_) | Self::NotFound => Code::NotFound,
+            Self::Lookup(_) | Self::NotFound | Self::Missing(_) | Self::EventsOff => Code::NotFound,
+            Self::Events(e) if e.is_bad_request() => Code::InvalidArgument,
+            Self::Events(_) | Self::Internal(_) => Code::Internal,
             Self::Registry(e) => match e {
                 RegistryError::Store(StoreError::InvalidName(_)) => Code::InvalidArgument,
                 RegistryError::Store(StoreError::NotFound { .. }) | RegistryError::NotLoaded { .. } => {
@@ -124,7 +137,7 @@ impl ApiError {
             Self::Stream(e) => match e {
                 ManagerError::Duplicate(_) => Code::AlreadyExists,
                 ManagerError::NotFound(_) => Code::NotFound,
-                ManagerError::Config(_) => Code::InvalidArgument,
+                ManagerError::Config(_) | ManagerError::Places { .. } => Code::InvalidArgument,
                 ManagerError::Start { .. } => Code::FailedPrecondition,
                 ManagerError::ShutDown => Code::Unavailable,
             },
@@ -156,8 +169,13 @@ impl ApiError {
             Self::Registry(_) => "repository_error",
             Self::Stream(ManagerError::Duplicate(_)) => "stream_exists",
             Self::Stream(ManagerError::NotFound(_)) => "unknown_stream",
+            Self::Stream(ManagerError::Places { .. }) => "bad_zones",
             Self::Stream(_) => "stream_error",
-            Self::NotFound => "not_found",
+            Self::NotFound | Self::Missing(_) => "not_found",
+            Self::EventsOff => "events_off",
+            Self::Events(e) if e.is_bad_request() => "bad_request",
+            Self::Events(_) => "event_store_error",
+            Self::Internal(_) => "internal",
             Self::NotReady(_) => "not_ready",
         }
     }

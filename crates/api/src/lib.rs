@@ -21,6 +21,7 @@ mod body;
 mod detect;
 pub mod drain;
 mod error;
+mod events;
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
@@ -28,13 +29,14 @@ pub mod fuzzing;
 pub mod grpc;
 mod health;
 mod kserve;
+mod live;
 mod streams;
 mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use peregrine_engine::{telemetry, Engine};
@@ -67,6 +69,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// The video streams and their detections.
     pub streams: peregrine_video::StreamManagerHandle,
+    /// Stored object events (`None`: storage is off).
+    pub events: Option<peregrine_eventstore::EventStore>,
     /// Shutdown's first step: readiness turns false and new requests get 503, so load
     /// balancers move away, while admitted requests finish.
     pub drain: Arc<drain::Drain>,
@@ -151,6 +155,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/streams/{name}", get(streams::status).delete(streams::remove))
         .route("/v1/streams/{name}/events", get(streams::events_one))
         .route("/v1/streams/{name}/ws", get(streams::ws_one))
+        .route("/v1/streams/{name}/zones", get(live::zones).put(live::put_zones))
+        .route("/v1/streams/{name}/lines", put(live::put_lines))
+        .route("/v1/streams/{name}/latest.jpg", get(live::latest))
+        .route("/v1/streams/{name}/mjpeg", get(live::mjpeg))
+        .route("/v1/events", get(events::list))
+        .route("/v1/events/stream", get(events::stream))
+        .route("/v1/events/{id}", get(events::get).delete(events::delete))
+        .route("/v1/events/{id}/snapshot.jpg", get(events::snapshot))
         .merge(kserve::routes())
         .fallback(|| async { ApiError::NotFound })
         .layer(axum::middleware::from_fn_with_state(state.clone(), drain::gate))

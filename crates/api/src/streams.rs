@@ -77,6 +77,13 @@ fn report_json(r: &StreamReport) -> Value {
             "frame_pool": cfg.frame_pool,
             "loop": cfg.looped,
             "realtime": cfg.realtime,
+            "analytics": {
+                "tracking": cfg.analytics.tracking,
+                "anchor": cfg.analytics.anchor,
+                "zones": cfg.analytics.zones.iter().map(|z| &z.name).collect::<Vec<_>>(),
+                "lines": cfg.analytics.lines.iter().map(|l| &l.name).collect::<Vec<_>>(),
+                "snapshots": cfg.analytics.snapshots,
+            },
         },
     })
 }

@@ -4,6 +4,7 @@
 mod cli;
 mod decode_bench;
 mod detect;
+mod events_config;
 mod inputs;
 mod loadgen;
 mod model;

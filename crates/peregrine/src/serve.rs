@@ -11,7 +11,8 @@ use peregrine_api::{ApiConfig, AppState};
 use peregrine_registry::{
     FixedModel, ModelConfigFile, ModelRegistry, ModelSource, OrtLoader, RegistryConfig, Startup, Weights,
 };
-use peregrine_video::ConfiguredSinks;
+use peregrine_eventstore::EventStore;
+use peregrine_video::{ConfiguredSinks, StoreSink};
 use peregrine_video::{ManagerOptions, StreamManager, StreamManagerHandle, VideoConfig};
 use tokio::sync::watch;
 
@@ -96,11 +97,13 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<tokio::net::TcpListen
 async fn serve(s: ServeSettings) -> Result<ExitCode> {
     let metrics = peregrine_api::install_metrics_recorder().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
     let registry = ModelRegistry::start(registry_config(&s), Arc::new(OrtLoader));
-    let (sinks, streams) = start_video(&s, &registry).await?;
+    let events = s.events.open().await?;
+    let (sinks, streams) = start_video(&s, &registry, events.clone()).await?;
     let drain = Arc::new(Drain::default());
     let state = AppState {
         registry: registry.clone(),
         streams: streams.clone(),
+        events,
         default_model: s.default_model.clone(),
         config: ApiConfig {
             max_body_bytes: s.max_body_bytes,
@@ -161,26 +164,44 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
     outcome
 }
 
+/// Every sink of the video streams: the configured ones and the event store's.
+struct Sinks {
+    configured: ConfiguredSinks,
+    store: Option<StoreSink>,
+}
+
+impl Sinks {
+    async fn shut_down(self) {
+        self.configured.shut_down().await;
+        if let Some(store) = self.store {
+            store.shut_down().await;
+        }
+    }
+}
+
 /// The sinks and the stream manager, whose streams detect through the registry's engines.
 async fn start_video(
     s: &ServeSettings,
     registry: &ModelRegistry,
-) -> Result<(ConfiguredSinks, StreamManagerHandle)> {
+    events: Option<EventStore>,
+) -> Result<(Sinks, StreamManagerHandle)> {
     let video = VideoConfig {
         streams: s.streams.clone(),
         mqtt: s.mqtt.clone(),
         webhooks: s.webhooks.clone(),
     };
-    let sinks = ConfiguredSinks::start(&video).context("starting the video sinks")?;
+    let configured = ConfiguredSinks::start(&video).context("starting the video sinks")?;
+    let store = events.map(|e| StoreSink::start(e, s.events.snapshots_dir.clone()));
     let mut options = ManagerOptions::new(Arc::new(EngineFrames {
         registry: registry.clone(),
         model: s.stream_model.clone(),
     }));
-    options.sinks = sinks.queues();
+    options.sinks = configured.queues();
+    options.sinks.extend(store.as_ref().map(StoreSink::queue));
     let streams = StreamManager::start(options, video.streams.clone())
         .await
         .context("starting the video streams")?;
-    Ok((sinks, streams))
+    Ok((Sinks { configured, store }, streams))
 }
 
 /// The HTTP listener and, unless gRPC is off, the gRPC one.

@@ -57,6 +57,8 @@ pub struct ServeSettings {
     pub mqtt: Option<peregrine_video::MqttConfig>,
     /// HTTP endpoints the streams' detections are POSTed to (`[[webhooks]]`).
     pub webhooks: Vec<peregrine_video::WebhookConfig>,
+    /// Where object events and snapshots are kept (`[events]`).
+    pub events: crate::events_config::EventsSettings,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -108,6 +110,7 @@ impl Default for ServeSettings {
             streams: Vec::new(),
             mqtt: None,
             webhooks: Vec::new(),
+            events: Default::default(),
             provider: Default::default(),
         }
     }
@@ -254,6 +257,8 @@ pub struct ServeArgs {
     /// Execution provider (flags and environment only, not the config file).
     #[command(flatten)]
     pub provider: crate::provider_args::ProviderArgs,
+    #[command(flatten)]
+    pub events: crate::events_config::EventsArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -266,6 +271,7 @@ impl ServeArgs {
     /// Defaults, then the file, then flags and environment.
     pub fn resolve(mut self) -> Result<ServeSettings> {
         let provider = std::mem::take(&mut self.provider);
+        let events = std::mem::take(&mut self.events);
         let mut s = match &self.config {
             Some(p) => read_file(p)?,
             None => ServeSettings::default(),
@@ -316,6 +322,7 @@ impl ServeArgs {
             spin_wait
         );
         s.provider = provider;
+        events.apply(&mut s.events);
         s.validate()?;
         Ok(s)
     }
@@ -323,6 +330,7 @@ impl ServeArgs {
 
 impl ServeSettings {
     fn validate(&self) -> Result<()> {
+        self.events.validate()?;
         let positive = [
             ("instances", self.instances),
             ("max_batch", self.max_batch),

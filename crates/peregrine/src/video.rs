@@ -2,6 +2,7 @@
 //! pipeline's detector, submitting each stream's frames to the serving engine of a model,
 //! where they are batched with every other request (and with other streams' frames).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::future::BoxFuture;
@@ -29,8 +30,9 @@ impl EngineFrames {
     }
 }
 
-/// A frame as the engine reads it; dropping it returns the buffer to the stream's pool.
-struct FramePixels(Frame);
+/// A frame as the engine reads it; the buffer goes back to the stream's pool once this and
+/// the stream's analytics have let go of it.
+struct FramePixels(Arc<Frame>);
 
 impl AsRef<[u8]> for FramePixels {
     fn as_ref(&self) -> &[u8] {
@@ -41,7 +43,7 @@ impl AsRef<[u8]> for FramePixels {
 impl FrameDetector for EngineFrames {
     fn detect(
         &self,
-        frame: Frame,
+        frame: Arc<Frame>,
         deadline: Instant,
     ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>> {
         let engine = self.engine();

@@ -33,7 +33,7 @@ struct ZeroCostDetector;
 impl FrameDetector for ZeroCostDetector {
     fn detect(
         &self,
-        frame: Frame,
+        frame: std::sync::Arc<Frame>,
         _: std::time::Instant,
     ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>> {
         drop(frame);

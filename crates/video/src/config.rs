@@ -8,6 +8,7 @@ use std::time::Duration;
 use peregrine_types::WallClock;
 use serde::Deserialize;
 
+pub use crate::analytics::config::AnalyticsConfig;
 use crate::backoff::BackoffPolicy;
 use crate::sinks::mqtt::MqttConfig;
 use crate::sinks::webhook::WebhookConfig;
@@ -63,7 +64,8 @@ pub struct StreamConfig {
     /// Access units queued for the decode thread before the source skips to a key frame.
     #[serde(default = "defaults::decode_queue")]
     pub decode_queue: usize,
-    /// Decoded frames alive at once (slot, detection, conversion, detector's batch).
+    /// Decoded frames alive at once (slot, detection, conversion, detector's batch, and the
+    /// latest one the analytics keep for snapshots and live views).
     #[serde(default = "defaults::frame_pool")]
     pub frame_pool: usize,
     #[serde(default)]
@@ -75,6 +77,9 @@ pub struct StreamConfig {
     /// they are consumed (`false`).
     #[serde(default = "defaults::yes")]
     pub realtime: bool,
+    /// Tracking, zones, lines and snapshots.
+    #[serde(default)]
+    pub analytics: AnalyticsConfig,
 }
 
 impl std::fmt::Debug for StreamConfig {
@@ -94,6 +99,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("backoff", &self.backoff)
             .field("looped", &self.looped)
             .field("realtime", &self.realtime)
+            .field("analytics", &self.analytics)
             .finish()
     }
 }
@@ -165,7 +171,7 @@ mod defaults {
         32
     }
     pub fn frame_pool() -> usize {
-        4
+        5
     }
     pub fn yes() -> bool {
         true
@@ -197,6 +203,7 @@ impl StreamConfig {
             backoff: BackoffConfig::default(),
             looped: false,
             realtime: true,
+            analytics: AnalyticsConfig::default(),
         }
     }
 
@@ -228,6 +235,9 @@ impl StreamConfig {
         }
         if self.frame_pool < 2 {
             return fail("frame_pool must be at least 2 (one frame in detection, one arriving)".into());
+        }
+        if let Err(problem) = self.analytics.validate() {
+            return fail(problem);
         }
         let b = &self.backoff;
         let multiplier_ok = b.multiplier.is_finite() && b.multiplier >= 1.0;

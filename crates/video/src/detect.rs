@@ -10,6 +10,9 @@ use futures_util::future::BoxFuture;
 use peregrine_types::{ClassNames, Detection, WallClock};
 use tokio::time::Instant;
 
+use tokio::sync::mpsc;
+
+use crate::analytics::worker::StageMessage;
 use crate::event::DetectionEvent;
 use crate::fanout::StreamPublisher;
 use crate::frame::Frame;
@@ -33,12 +36,13 @@ pub enum DetectError {
 
 /// Runs a model on frames. Called concurrently from every stream's detection task.
 pub trait FrameDetector: Send + Sync + 'static {
-    /// Detects objects in `frame` (dropping the frame returns its buffer to the stream's
-    /// pool). A frame that cannot start before `deadline` should fail with
+    /// Detects objects in `frame` (it is shared with the stream's analytics, which keep the
+    /// latest for snapshots; the buffer goes back to the pool when both let go). A frame
+    /// that cannot start before `deadline` should fail with
     /// [`DetectError::DeadlineExceeded`] without being computed.
     fn detect(
         &self,
-        frame: Frame,
+        frame: Arc<Frame>,
         deadline: std::time::Instant,
     ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>>;
 
@@ -52,13 +56,22 @@ pub trait FrameDetector: Send + Sync + 'static {
 /// so a detector that never answers cannot wedge a stream (or its removal).
 const DETECT_GRACE: Duration = Duration::from_secs(2);
 
+/// Where a detected frame goes.
+pub(crate) enum FrameOutput {
+    /// Straight out, without track ids (tests of this task alone).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Publish(StreamPublisher),
+    /// To the stream's analytics thread, which publishes. Waits when its queue is full.
+    Analytics(mpsc::Sender<StageMessage>),
+}
+
 pub(crate) struct DetectionTask {
     pub slot: Arc<LatestSlot<Frame>>,
     pub detector: Arc<dyn FrameDetector>,
     pub staleness: Duration,
     pub counters: Arc<StreamCounters>,
     pub clock: Arc<dyn WallClock>,
-    pub publisher: StreamPublisher,
+    pub output: FrameOutput,
 }
 
 impl DetectionTask {
@@ -80,7 +93,8 @@ impl DetectionTask {
         }
         let meta = frame.meta.clone();
         let (width, height) = (frame.width(), frame.height());
-        let call = self.detector.detect(frame, deadline.into_std());
+        let frame = Arc::new(frame);
+        let call = self.detector.detect(frame.clone(), deadline.into_std());
         let outcome = match tokio::time::timeout_at(deadline + DETECT_GRACE, call).await {
             Ok(outcome) => outcome,
             Err(_) => Err(DetectError::DeadlineExceeded),
@@ -90,18 +104,29 @@ impl DetectionTask {
                 let published = self.clock.now();
                 let latency = published.duration_since(meta.capture.wall).unwrap_or_default();
                 self.counters.detected(latency);
-                self.publisher.publish(DetectionEvent {
+                let event = DetectionEvent {
                     stream: meta.stream,
                     seq: meta.seq,
                     pts: meta.pts,
                     capture: meta.capture,
                     width,
                     height,
+                    track_ids: Vec::new(),
                     detections,
                     class_names: self.detector.class_names(),
                     published,
                     latency,
-                });
+                };
+                match &self.output {
+                    FrameOutput::Publish(p) => {
+                        p.publish(event);
+                    }
+                    FrameOutput::Analytics(stage) => {
+                        // Only fails when the analytics thread has gone, i.e. the stream
+                        // is being removed.
+                        let _ = stage.send(StageMessage::Frame { frame, event }).await;
+                    }
+                }
             }
             Err(DetectError::DeadlineExceeded) => self.counters.dropped(DropReason::Stale),
             Err(DetectError::Overloaded) => self.counters.dropped(DropReason::DetectorBusy),
@@ -146,7 +171,7 @@ mod tests {
     impl FrameDetector for SlowDetector {
         fn detect(
             &self,
-            frame: Frame,
+            frame: Arc<Frame>,
             _deadline: std::time::Instant,
         ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>> {
             self.calls.fetch_add(1, Ordering::Relaxed);
@@ -189,13 +214,14 @@ mod tests {
                 staleness,
                 counters: counters.clone(),
                 clock,
-                publisher: StreamPublisher {
+                output: FrameOutput::Publish(StreamPublisher {
                     stream: stream_tx,
                     fanout: Arc::new(EventFanout {
                         all: broadcast::channel(4).0,
+                        objects: broadcast::channel(4).0,
                         sinks: Vec::new(),
                     }),
-                },
+                }),
             }
             .run(),
         );

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use peregrine_types::{ClassNames, Detection};
+use peregrine_types::{BBox, ClassNames, Detection};
 
 use crate::frame::{CaptureTime, Pts};
 
@@ -20,6 +20,9 @@ pub struct DetectionEvent {
     pub height: u32,
     /// In the frame's pixels, best first.
     pub detections: Vec<Detection>,
+    /// One per detection, same order: the object it belongs to, when the stream tracks
+    /// objects and the detection is part of a confirmed track.
+    pub track_ids: Vec<Option<u64>>,
     /// Names for the `class_id`s, from the model that produced them.
     pub class_names: ClassNames,
     /// Wall clock when the result was published.
@@ -40,6 +43,100 @@ pub struct StatusChange {
 pub enum SinkMessage {
     Detection(Arc<DetectionEvent>),
     Status(StatusChange),
+    /// Something happened to a tracked object (it appeared, left, entered a zone, ...).
+    Object(Arc<ObjectEvent>),
+}
+
+/// Something that happened to one tracked object, worth keeping: the event store, MQTT's
+/// `events` topic and webhooks get these.
+#[derive(Debug, Clone)]
+pub struct ObjectEvent {
+    /// Unique and time-ordered (a UUIDv7): known before anything stores the event.
+    pub id: Arc<str>,
+    pub stream: Arc<str>,
+    pub kind: ObjectEventKind,
+    /// The object's id on its stream.
+    pub track_id: u64,
+    pub class_id: u32,
+    pub label: String,
+    /// The detection's score in the frame of the event (for `object.end`, its best).
+    pub score: f32,
+    /// In the frame's pixels.
+    pub bbox: BBox,
+    pub pts: Pts,
+    pub capture: CaptureTime,
+    pub width: u32,
+    pub height: u32,
+    /// The frame of the event, boxed and labelled, as a JPEG (for `object.end`, the frame
+    /// where the object scored best). Only made when the stream keeps snapshots.
+    pub snapshot: Option<Arc<Vec<u8>>>,
+}
+
+/// Which kind of [`ObjectEvent`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ObjectEventKind {
+    /// A new track was confirmed.
+    Start,
+    /// A track ended (lost for longer than the tracker's budget, or the stream stopped).
+    End {
+        first_seen: SystemTime,
+        last_seen: SystemTime,
+        best_score: f32,
+    },
+    ZoneEnter { zone: String },
+    ZoneExit { zone: String },
+    /// Inside `zone` longer than its `loiter` setting (once per stay).
+    ZoneLoiter { zone: String, inside_for: Duration },
+    LineCross { line: String, direction: CrossDirection },
+}
+
+/// Which way an object crossed a line (see the line's definition for which side is in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrossDirection {
+    In,
+    Out,
+}
+
+impl CrossDirection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::In => "in",
+            Self::Out => "out",
+        }
+    }
+}
+
+impl ObjectEventKind {
+    /// The event's type as the API, the store and MQTT name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Start => "object.start",
+            Self::End { .. } => "object.end",
+            Self::ZoneEnter { .. } => "zone.enter",
+            Self::ZoneExit { .. } => "zone.exit",
+            Self::ZoneLoiter { .. } => "zone.loiter",
+            Self::LineCross { .. } => "line.cross",
+        }
+    }
+
+    /// The zone or line the event is about.
+    pub fn place(&self) -> Option<&str> {
+        match self {
+            Self::Start | Self::End { .. } => None,
+            Self::ZoneEnter { zone } | Self::ZoneExit { zone } | Self::ZoneLoiter { zone, .. } => Some(zone),
+            Self::LineCross { line, .. } => Some(line),
+        }
+    }
+
+    /// Every type name, for validating queries.
+    pub const NAMES: [&'static str; 6] = [
+        "object.start",
+        "object.end",
+        "zone.enter",
+        "zone.exit",
+        "zone.loiter",
+        "line.cross",
+    ];
 }
 
 /// Where a stream is in its life.

@@ -11,26 +11,31 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, Notify};
 
-use crate::event::{DetectionEvent, SinkMessage, StatusChange};
+use crate::event::{DetectionEvent, ObjectEvent, SinkMessage, StatusChange};
 use crate::telemetry;
 
-/// A live feed of detection events (one stream's, or every stream's).
+/// A live feed of events.
 #[derive(Debug)]
-pub struct EventSubscription {
-    rx: broadcast::Receiver<Arc<DetectionEvent>>,
-    /// Metric label: the stream's name or `*`.
+pub struct Subscription<T> {
+    rx: broadcast::Receiver<Arc<T>>,
+    /// Metric label: the stream's name, `*`, or `*objects`.
     label: Arc<str>,
     missed: u64,
 }
 
-impl EventSubscription {
-    pub(crate) fn new(rx: broadcast::Receiver<Arc<DetectionEvent>>, label: Arc<str>) -> Self {
+/// Detection events, one stream's or every stream's.
+pub type EventSubscription = Subscription<DetectionEvent>;
+/// Object events of every stream.
+pub type ObjectSubscription = Subscription<ObjectEvent>;
+
+impl<T> Subscription<T> {
+    pub(crate) fn new(rx: broadcast::Receiver<Arc<T>>, label: Arc<str>) -> Self {
         Self { rx, label, missed: 0 }
     }
 
     /// The next event; `None` when the stream (or the manager, for the all-streams feed)
     /// has stopped. Events lost to lagging are skipped and counted.
-    pub async fn recv(&mut self) -> Option<Arc<DetectionEvent>> {
+    pub async fn recv(&mut self) -> Option<Arc<T>> {
         loop {
             match self.rx.recv().await {
                 Ok(event) => return Some(event),
@@ -53,6 +58,8 @@ impl EventSubscription {
 #[derive(Debug)]
 pub(crate) struct EventFanout {
     pub all: broadcast::Sender<Arc<DetectionEvent>>,
+    /// Object events of every stream (the API's `/v1/events/stream`).
+    pub objects: broadcast::Sender<Arc<ObjectEvent>>,
     pub sinks: Vec<SinkQueue>,
 }
 
@@ -72,13 +79,22 @@ pub(crate) struct StreamPublisher {
 }
 
 impl StreamPublisher {
-    pub fn publish(&self, event: DetectionEvent) {
+    pub fn publish(&self, event: DetectionEvent) -> Arc<DetectionEvent> {
         let event = Arc::new(event);
         // A send error only means nobody is subscribed right now.
         let _ = self.stream.send(event.clone());
         let _ = self.fanout.all.send(event.clone());
         for sink in &self.fanout.sinks {
             sink.push(SinkMessage::Detection(event.clone()));
+        }
+        event
+    }
+
+    pub fn publish_object(&self, event: ObjectEvent) {
+        let event = Arc::new(event);
+        let _ = self.fanout.objects.send(event.clone());
+        for sink in &self.fanout.sinks {
+            sink.push(SinkMessage::Object(event.clone()));
         }
     }
 }
@@ -211,7 +227,7 @@ mod tests {
     fn seq_of(m: &SinkMessage) -> i64 {
         match m {
             SinkMessage::Detection(e) => e.seq as i64,
-            SinkMessage::Status(_) => -1,
+            SinkMessage::Status(_) | SinkMessage::Object(_) => -1,
         }
     }
 

@@ -3,12 +3,14 @@
 //! A stream is a camera (RTSP over TCP or UDP, H.264 or H.265) or an mp4 file. The
 //! [`manager`] owns the set of streams and is reached through a cloneable
 //! [`StreamManagerHandle`] (add, remove, list, status, subscribe). Each stream runs as
-//! three pieces: a [`supervisor`] task that opens its [`source`] (behind the `Opener` /
+//! four pieces: a [`supervisor`] task that opens its [`source`] (behind the `Opener` /
 //! `Source` traits), reads access units and reconnects with [`backoff`] on failure; a
 //! [`decode`] thread (FFmpeg, linked statically) that decodes every access unit, lets
 //! [`sampling`] pick the frames to keep and converts those into pooled RGB [`frame`]s;
-//! and a [`detect`] task that takes the newest frame from the [`latest`] slot, drops it if
-//! its staleness budget is spent, and calls the server's [`FrameDetector`]. Results are
+//! a [`detect`] task that takes the newest frame from the [`latest`] slot, drops it if
+//! its staleness budget is spent, and calls the server's [`FrameDetector`]; and an
+//! [`analytics`] thread that tracks objects, follows them through zones and across lines,
+//! turns that into object events with snapshots, and keeps the latest frame. Results are
 //! plain [`event`]s stamped with the stream's presentation time and a wall-clock capture
 //! time ([`clock`]: RTCP sender reports, else local receive time); [`fanout`] carries them
 //! through bounded broadcasts and to the [`sinks`] (MQTT, webhooks), each with its own
@@ -22,6 +24,7 @@
 //! No HTTP routes and no binary configuration parsing live here: the API crate subscribes
 //! to events and calls the handle; the binary builds a [`VideoConfig`] and the sinks.
 
+mod analytics;
 mod backoff;
 mod clock;
 mod config;
@@ -38,20 +41,28 @@ mod source;
 mod supervisor;
 mod telemetry;
 
+pub use analytics::config::{
+    AnalyticsConfig, ClassSelector, LineConfig, TrackerSettings, UnitsConfig, ZoneConfig,
+};
+pub use analytics::report::{AnalyticsReport, LineReport, ZoneReport};
+pub use analytics::worker::LatestPicture;
 pub use config::{BackoffConfig, ConfigError, StreamConfig, VideoConfig};
 pub use decode::worker::live_decode_threads;
 pub use decode::{Codec, DecodeError, DecodedPicture, DecoderConfig, VideoDecoder};
 pub use detect::{DetectError, FrameDetector};
-pub use event::{DetectionEvent, SinkMessage, StatusChange, StreamStatus};
-pub use fanout::{EventSubscription, SinkQueue};
+pub use event::{
+    CrossDirection, DetectionEvent, ObjectEvent, ObjectEventKind, SinkMessage, StatusChange, StreamStatus,
+};
+pub use fanout::{EventSubscription, ObjectSubscription, SinkQueue, Subscription};
 pub use frame::{CaptureTime, ClockSource, Frame, FrameMeta, Pts};
 pub use manager::{
     ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamReport, StreamSummary,
 };
 pub use peregrine_types::{ManualWallClock, SystemWallClock, WallClock};
 pub use sinks::mqtt::{MqttConfig, MqttSink, MqttStats};
+pub use sinks::store::StoreSink;
 pub use sinks::webhook::{WebhookConfig, WebhookSink, WebhookStats};
-pub use sinks::wire::event_json;
+pub use sinks::wire::{event_json, object_json, snapshot_url};
 pub use sinks::{ConfiguredSinks, SinkError};
 pub use source::file::{FileOpener, Pacing};
 pub use source::rtsp::{RtspOpener, RtspTransport};

@@ -2,10 +2,12 @@
 //! [`StreamManagerHandle`] and sends it commands that carry their own reply channel; streams
 //! are added and removed while the others keep running.
 //!
-//! A stream is three pieces: its supervisor task (source, reconnects), its decode thread
-//! and its detection task. Removing it sets its stop flag; the supervisor then closes the
-//! decode thread's input, the thread ends and closes the frame slot, and the detection task
-//! ends after the frame it is on. `remove` answers once all three have finished.
+//! A stream is four pieces: its supervisor task (source, reconnects), its decode thread,
+//! its detection task and its analytics thread. Removing it sets its stop flag; the
+//! supervisor then closes the decode thread's input, the thread ends and closes the frame
+//! slot, the detection task ends after the frame it is on, and the analytics thread ends
+//! the stream's live tracks once the last sender to it is gone. `remove` answers once all
+//! four have finished.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,11 +17,14 @@ use peregrine_types::{SystemWallClock, WallClock};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::analytics::config::{LineConfig, ZoneConfig};
+use crate::analytics::report::AnalyticsReport;
+use crate::analytics::worker::{self as analytics, LatestPicture, StageMessage};
 use crate::config::{ConfigError, StreamConfig};
 use crate::decode::{DecodeWorker, DecodeWorkerConfig};
-use crate::detect::{DetectionTask, FrameDetector};
+use crate::detect::{DetectionTask, FrameDetector, FrameOutput};
 use crate::event::{DetectionEvent, StreamStatus};
-use crate::fanout::{EventFanout, EventSubscription, SinkQueue, StreamPublisher};
+use crate::fanout::{EventFanout, EventSubscription, ObjectSubscription, SinkQueue, StreamPublisher};
 use crate::frame::FramePool;
 use crate::latest::LatestSlot;
 use crate::source::Opener;
@@ -43,6 +48,9 @@ pub enum ManagerError {
     Config(#[from] ConfigError),
     #[error("cannot start stream {name:?}: {reason}")]
     Start { name: String, reason: String },
+    /// A zone or line definition (or its classes) is wrong; the message says what.
+    #[error("stream {name:?}: {problem}")]
+    Places { name: String, problem: String },
     #[error("the stream manager has shut down")]
     ShutDown,
 }
@@ -99,7 +107,8 @@ pub struct StreamReport {
 
 enum Command {
     Add {
-        config: StreamConfig,
+        // Boxed: a definition is large beside the other commands.
+        config: Box<StreamConfig>,
         opener: Option<Arc<dyn Opener>>,
         reply: oneshot::Sender<Result<(), ManagerError>>,
     },
@@ -115,6 +124,19 @@ enum Command {
     Subscribe {
         name: Option<String>,
         reply: oneshot::Sender<Result<EventSubscription, ManagerError>>,
+    },
+    SubscribeObjects(oneshot::Sender<ObjectSubscription>),
+    /// A sender to the stream's analytics thread (for one request: holding it keeps the
+    /// thread alive).
+    Analytics {
+        name: String,
+        reply: oneshot::Sender<Result<mpsc::Sender<StageMessage>, ManagerError>>,
+    },
+    /// The analytics thread took new zones or lines: record them in the stream's config.
+    Placed {
+        name: String,
+        zones: Option<Vec<ZoneConfig>>,
+        lines: Option<Vec<LineConfig>>,
     },
     Shutdown(oneshot::Sender<()>),
 }
@@ -133,9 +155,11 @@ impl StreamManager {
         }
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let (all, _) = broadcast::channel(options.all_events.max(1));
+        let (objects, _) = broadcast::channel(options.all_events.max(1));
         let owner = Owner {
             fanout: Arc::new(EventFanout {
                 all,
+                objects,
                 sinks: options.sinks.clone(),
             }),
             options,
@@ -169,7 +193,7 @@ impl StreamManagerHandle {
     /// Adds and starts a stream; its source is chosen from its URL.
     pub async fn add(&self, config: StreamConfig) -> Result<(), ManagerError> {
         self.ask(|reply| Command::Add {
-            config,
+            config: Box::new(config),
             opener: None,
             reply,
         })
@@ -183,7 +207,7 @@ impl StreamManagerHandle {
         opener: Arc<dyn Opener>,
     ) -> Result<(), ManagerError> {
         self.ask(|reply| Command::Add {
-            config,
+            config: Box::new(config),
             opener: Some(opener),
             reply,
         })
@@ -216,6 +240,68 @@ impl StreamManagerHandle {
         self.ask(|reply| Command::Subscribe { name: None, reply }).await?
     }
 
+    /// Live object events of every stream (tracks starting and ending, zones, lines).
+    pub async fn subscribe_objects(&self) -> Result<ObjectSubscription, ManagerError> {
+        self.ask(Command::SubscribeObjects).await
+    }
+
+    async fn ask_analytics<T>(
+        &self,
+        name: &str,
+        make: impl FnOnce(oneshot::Sender<T>) -> StageMessage,
+    ) -> Result<T, ManagerError> {
+        let n = name.to_string();
+        let stage = self.ask(|reply| Command::Analytics { name: n, reply }).await??;
+        let (tx, rx) = oneshot::channel();
+        // The thread only goes away with its stream.
+        let gone = || ManagerError::NotFound(name.to_string());
+        stage.send(make(tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
+    }
+
+    /// The stream's zones and lines now: who is inside, what crossed.
+    pub async fn analytics(&self, name: &str) -> Result<AnalyticsReport, ManagerError> {
+        self.ask_analytics(name, StageMessage::Report).await
+    }
+
+    /// Replaces the stream's zones, lines, or both (`None` keeps that set), checked against
+    /// its frames; counts and occupancy of a replaced set start from zero.
+    pub async fn set_places(
+        &self,
+        name: &str,
+        zones: Option<Vec<ZoneConfig>>,
+        lines: Option<Vec<LineConfig>>,
+    ) -> Result<(), ManagerError> {
+        let (z, l) = (zones.clone(), lines.clone());
+        self.ask_analytics(name, |reply| StageMessage::SetPlaces { zones: z, lines: l, reply })
+            .await?
+            .map_err(|problem| ManagerError::Places {
+                name: name.to_string(),
+                problem,
+            })?;
+        let name = name.to_string();
+        self.commands
+            .send(Command::Placed { name, zones, lines })
+            .await
+            .map_err(|_| ManagerError::ShutDown)
+    }
+
+    /// The stream's newest frame as a JPEG (boxes drawn when `annotate`), if it has one
+    /// newer than `after_seq`.
+    pub async fn latest_picture(
+        &self,
+        name: &str,
+        annotate: bool,
+        after_seq: Option<u64>,
+    ) -> Result<Option<LatestPicture>, ManagerError> {
+        self.ask_analytics(name, |reply| StageMessage::Latest {
+            annotate,
+            after_seq,
+            reply,
+        })
+        .await
+    }
+
     /// Stops every stream (waiting for each, as `remove` does) and ends the manager.
     pub async fn shutdown(&self) -> Result<(), ManagerError> {
         self.ask(Command::Shutdown).await
@@ -232,10 +318,13 @@ struct RunningStream {
     stop: watch::Sender<bool>,
     supervisor: JoinHandle<()>,
     detection: JoinHandle<()>,
+    analytics: mpsc::Sender<StageMessage>,
+    analytics_thread: std::thread::JoinHandle<()>,
 }
 
 impl RunningStream {
-    /// Signals the stop and waits for both tasks (and so the decode thread).
+    /// Signals the stop and waits for both tasks (and so the decode thread), then for the
+    /// analytics thread, which ends once the detection task and this are gone.
     async fn stop(mut self) {
         let _ = self.stop.send(true);
         for task in [&mut self.supervisor, &mut self.detection] {
@@ -243,6 +332,12 @@ impl RunningStream {
                 tracing::error!(stream = %self.config.name, "stream task did not stop in time; aborting it");
                 task.abort();
             }
+        }
+        drop(self.analytics);
+        let thread = self.analytics_thread;
+        let joined = tokio::task::spawn_blocking(move || thread.join());
+        if tokio::time::timeout(STOP_TIMEOUT, joined).await.is_err() {
+            tracing::error!(stream = %self.config.name, "analytics thread did not stop in time");
         }
     }
 }
@@ -262,7 +357,7 @@ impl Owner {
                     opener,
                     reply,
                 } => {
-                    let _ = reply.send(self.add(config, opener));
+                    let _ = reply.send(self.add(*config, opener));
                 }
                 Command::Remove { name, reply } => match self.streams.remove(&name) {
                     // Stopping takes a moment; the owner keeps serving meanwhile.
@@ -313,6 +408,26 @@ impl Owner {
                     };
                     let _ = reply.send(sub);
                 }
+                Command::SubscribeObjects(reply) => {
+                    let _ = reply.send(ObjectSubscription::new(self.fanout.objects.subscribe(), "*objects".into()));
+                }
+                Command::Analytics { name, reply } => {
+                    let stage = match self.streams.get(&name) {
+                        Some(s) => Ok(s.analytics.clone()),
+                        None => Err(ManagerError::NotFound(name)),
+                    };
+                    let _ = reply.send(stage);
+                }
+                Command::Placed { name, zones, lines } => {
+                    if let Some(s) = self.streams.get_mut(&name) {
+                        if let Some(z) = zones {
+                            s.config.analytics.zones = z;
+                        }
+                        if let Some(l) = lines {
+                            s.config.analytics.lines = l;
+                        }
+                    }
+                }
                 Command::Shutdown(reply) => {
                     let stopping: Vec<_> = std::mem::take(&mut self.streams)
                         .into_values()
@@ -341,6 +456,17 @@ impl Owner {
             Some(o) => o,
             None => config.opener(&self.options.clock)?,
         };
+        // Class names are the model's: checked before anything of the stream starts, when
+        // a model is ready to name them (else at the stream's first frame).
+        let names = self.options.detector.class_names();
+        if !names.is_empty() {
+            config.analytics.resolve(&names).map_err(|problem| {
+                ManagerError::Config(ConfigError {
+                    name: config.name.clone(),
+                    problem,
+                })
+            })?;
+        }
         let name: Arc<str> = config.name.as_str().into();
         let counters = StreamCounters::new(&name);
         let pool = FramePool::new(config.frame_pool);
@@ -382,16 +508,22 @@ impl Owner {
             },
             shutdown: stop_rx,
         };
+        let publisher = StreamPublisher {
+            stream: events.clone(),
+            fanout: self.fanout.clone(),
+        };
+        let (stage, analytics_thread) =
+            analytics::spawn(&name, config.analytics.clone(), names, publisher).map_err(|reason| ManagerError::Start {
+                name: config.name.clone(),
+                reason,
+            })?;
         let detection = DetectionTask {
             slot,
             detector: self.options.detector.clone(),
             staleness: config.staleness(),
             counters: counters.clone(),
             clock: self.options.clock.clone(),
-            publisher: StreamPublisher {
-                stream: events.clone(),
-                fanout: self.fanout.clone(),
-            },
+            output: FrameOutput::Analytics(stage.clone()),
         };
         tracing::info!(stream = %name, source = %source, "stream added");
         let running = RunningStream {
@@ -403,6 +535,8 @@ impl Owner {
             stop: stop_tx,
             supervisor: tokio::spawn(supervisor.run()),
             detection: tokio::spawn(detection.run()),
+            analytics: stage,
+            analytics_thread,
             config,
         };
         self.streams.insert(running.config.name.clone(), running);

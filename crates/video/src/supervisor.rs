@@ -429,6 +429,7 @@ mod tests {
                 watch: status_tx,
                 fanout: Arc::new(EventFanout {
                     all: broadcast::channel(4).0,
+                    objects: broadcast::channel(4).0,
                     sinks: Vec::new(),
                 }),
             },

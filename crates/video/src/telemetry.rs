@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::{counter, histogram, Counter, Histogram};
+use metrics::{counter, gauge, histogram, Counter, Histogram};
 
 pub const FRAMES_RECEIVED: &str = "peregrine_stream_frames_received_total";
 pub const FRAMES_DECODED: &str = "peregrine_stream_frames_decoded_total";
@@ -20,6 +20,14 @@ pub const GLASS_TO_RESULT: &str = "peregrine_stream_glass_to_result_seconds";
 pub const SUBSCRIBER_LAGGED: &str = "peregrine_stream_subscriber_lagged_events_total";
 pub const SINK_DROPPED: &str = "peregrine_stream_sink_dropped_events_total";
 pub const SINK_DELIVERED: &str = "peregrine_stream_sink_delivered_events_total";
+/// Objects inside a zone now, by class (`stream`, `zone`, `class`).
+pub const ZONE_OBJECTS: &str = "peregrine_zone_objects";
+/// Line crossings (`stream`, `line`, `direction` in/out, `class`).
+pub const LINE_CROSSINGS: &str = "peregrine_line_crossings_total";
+/// Object events (`stream`, `type`: object.start, zone.enter, ...).
+pub const OBJECT_EVENTS: &str = "peregrine_object_events_total";
+/// Object events the event store dropped (its queue was full) or failed to write.
+pub const STORE_DROPPED: &str = "peregrine_event_store_dropped_total";
 
 /// Buckets for [`GLASS_TO_RESULT`], for the binary's Prometheus exporter: from one frame
 /// interval at 60 fps up to the point where a result is useless for live video.
@@ -188,6 +196,27 @@ pub fn sink_dropped(sink: &'static str, reason: &'static str) {
 
 pub fn sink_delivered(sink: &'static str) {
     counter!(SINK_DELIVERED, "sink" => sink).increment(1);
+}
+
+// The zone and line labels come from the stream's configuration (a few per stream), and
+// classes from the model: cardinality is streams x zones x classes seen.
+pub fn zone_objects(stream: &str, zone: &str, class: &str, objects: usize) {
+    gauge!(ZONE_OBJECTS, "stream" => stream.to_string(), "zone" => zone.to_string(), "class" => class.to_string())
+        .set(objects as f64);
+}
+
+pub fn line_crossed(stream: &str, line: &str, direction: &'static str, class: &str) {
+    counter!(LINE_CROSSINGS, "stream" => stream.to_string(), "line" => line.to_string(),
+        "direction" => direction, "class" => class.to_string())
+    .increment(1);
+}
+
+pub fn object_event(stream: &str, kind: &'static str) {
+    counter!(OBJECT_EVENTS, "stream" => stream.to_string(), "type" => kind).increment(1);
+}
+
+pub fn store_dropped(reason: &'static str) {
+    counter!(STORE_DROPPED, "reason" => reason).increment(1);
 }
 
 #[cfg(test)]

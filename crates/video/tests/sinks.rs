@@ -126,7 +126,7 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
 
     for (stream, events) in &detections {
         let e = &events[0];
-        assert_eq!(e["schema_version"], 1);
+        assert_eq!(e["schema_version"], 2);
         assert_eq!(e["stream"], stream.as_str());
         assert_eq!(
             (e["width"].as_u64(), e["height"].as_u64()),

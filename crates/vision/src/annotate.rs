@@ -77,10 +77,21 @@ fn draw_text(img: &mut RgbImage, x: i64, y: i64, scale: i64, text: &str, c: Rgb<
 
 /// Draws each detection's box and a `name score` label above it (inside it at the top edge).
 pub fn draw_detections(img: &mut RgbImage, detections: &[Detection], names: &ClassNames) {
+    draw_labelled(
+        img,
+        detections
+            .iter()
+            .map(|d| (*d, format!("{} {:.2}", names.name(d.class_id), d.score))),
+    );
+}
+
+/// Draws each box in its class's colour with the given label above it (inside it at the top
+/// edge): the video snapshots label with track ids as well.
+pub fn draw_labelled(img: &mut RgbImage, boxes: impl IntoIterator<Item = (Detection, String)>) {
     let longest_side = img.width().max(img.height()) as i64;
     let thickness = (longest_side / 400).clamp(1, 6);
     let scale = (longest_side / 500).clamp(1, 4);
-    for d in detections {
+    for (d, label) in boxes {
         let c = color(d.class_id);
         let (x1, y1) = (d.bbox.x1.round() as i64, d.bbox.y1.round() as i64);
         let (x2, y2) = (d.bbox.x2.round() as i64, d.bbox.y2.round() as i64);
@@ -88,7 +99,6 @@ pub fn draw_detections(img: &mut RgbImage, detections: &[Detection], names: &Cla
         fill_rect(img, x1, y2 - thickness, x2, y2, c);
         fill_rect(img, x1, y1, x1 + thickness, y2, c);
         fill_rect(img, x2 - thickness, y1, x2, y2, c);
-        let label = format!("{} {:.2}", names.name(d.class_id), d.score);
         let (lw, lh) = (label.chars().count() as i64 * 8 * scale + 4, 8 * scale + 4);
         let ly = if y1 - lh >= 0 { y1 - lh } else { y1 };
         fill_rect(img, x1, ly, x1 + lw, ly + lh, c);

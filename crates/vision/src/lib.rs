@@ -19,6 +19,7 @@
 
 pub mod annotate;
 pub mod decode;
+pub mod encode;
 mod jpeg_header;
 pub mod jpeg_planes;
 pub mod layout;

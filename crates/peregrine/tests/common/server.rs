@@ -66,6 +66,8 @@ impl Server {
             ])
             .args(log_format)
             .args(extra)
+            // No event database unless a test asks for one (`--events-db` beats this).
+            .env("PEREGRINE_EVENTS_DB", "none")
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()

@@ -1,11 +1,12 @@
 //! Where results go besides the in-process broadcasts: MQTT ([`mqtt`]) and HTTP webhooks
-//! ([`webhook`]), both speaking the JSON of [`wire`].
+//! ([`webhook`]), both speaking the JSON of [`wire`], and the event store ([`store`]).
 //!
 //! Every sink reads from its own [`SinkQueue`] (in [`crate::fanout`]), bounded, which drops its oldest message
 //! when full: a sink that is slow or whose peer is down loses old results (counted) and
 //! never slows detection or the other sinks.
 
 pub mod mqtt;
+pub mod store;
 pub mod tls;
 pub mod webhook;
 pub mod wire;

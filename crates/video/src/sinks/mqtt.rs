@@ -5,11 +5,15 @@
 //! | `<prefix>/available` | `online` / `offline` (also the last will) | 1 | yes |
 //! | `<prefix>/<stream>/status` | status JSON ([`super::wire`]) | 1 | yes |
 //! | `<prefix>/<stream>/detections` | event JSON ([`super::wire`]), one per frame | 0 | no |
+//! | `<prefix>/events` | object event JSON (`object.start`, `zone.enter`, ...) | 1 | no |
+//! | `<prefix>/<stream>/<label>/snapshot` | the latest event snapshot of that label (JPEG) | 0 | yes |
 //!
 //! Why: availability and status are rare and a newcomer needs the current value, so they
 //! are retained and acknowledged; detections are a live, high-rate feed where a result
 //! re-delivered late is worse than one lost, so they are fire-and-forget and not retained
-//! (a retained detection would show a stale box to every new subscriber).
+//! (a retained detection would show a stale box to every new subscriber). Object events are
+//! rare and each one matters, so they are acknowledged; the snapshot of each label is
+//! retained so a dashboard shows the last one seen.
 //!
 //! Queues: the sink's [`SinkQueue`] (drop oldest, `queue` entries), then rumqttc's request
 //! channel (`REQUEST_CHANNEL` entries; the publisher waits on it, so while the broker is
@@ -337,11 +341,39 @@ async fn publish(
                 .publish(topic, QoS::AtLeastOnce, true, wire::status_json(change))
                 .await
         }
+        SinkMessage::Object(event) => publish_object(client, prefix, event).await,
     };
     if sent.is_ok() {
         telemetry::sink_delivered("mqtt");
     }
     sent
+}
+
+/// An object event on `<prefix>/events` and, when it has one, its snapshot on
+/// `<prefix>/<stream>/<label>/snapshot` (retained: the latest picture of each kind of object,
+/// as Frigate publishes them).
+async fn publish_object(
+    client: &AsyncClient,
+    prefix: &str,
+    event: &crate::event::ObjectEvent,
+) -> Result<(), rumqttc::ClientError> {
+    let body = wire::object_json(event, event.snapshot.is_some());
+    client
+        .publish(format!("{prefix}/events"), QoS::AtLeastOnce, false, body)
+        .await?;
+    if let Some(jpeg) = &event.snapshot {
+        let topic = format!("{prefix}/{}/{}/snapshot", event.stream, topic_part(&event.label));
+        client.publish(topic, QoS::AtMostOnce, true, jpeg.to_vec()).await?;
+    }
+    Ok(())
+}
+
+/// A label as one MQTT topic level: no `/`, `+`, `#` or spaces.
+fn topic_part(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| if c.is_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect()
 }
 
 /// The event loop's side of the sink.

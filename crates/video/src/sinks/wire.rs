@@ -1,10 +1,10 @@
 //! The JSON that MQTT and webhooks carry; the only place events become bytes.
 //!
-//! A detection event (`schema_version` 1; fields are only ever added):
+//! A detection event (`schema_version` 2; fields are only ever added; 2 added `track_id`):
 //!
 //! ```json
 //! {
-//!   "schema_version": 1,
+//!   "schema_version": 2,
 //!   "stream": "cam1",
 //!   "seq": 1234,
 //!   "pts_seconds": 49.36,
@@ -15,7 +15,8 @@
 //!   "width": 1280,
 //!   "height": 720,
 //!   "detections": [
-//!     {"class_id": 0, "class_name": "person", "score": 0.91, "box": [12.5, 40.0, 210.0, 700.2]}
+//!     {"class_id": 0, "class_name": "person", "score": 0.91, "box": [12.5, 40.0, 210.0, 700.2],
+//!      "track_id": 17}
 //!   ],
 //!   "latency_ms": 87.4
 //! }
@@ -25,7 +26,28 @@
 //! dropped); `pts_*` is the stream's presentation time from its start; `capture_*` is when
 //! the frame was captured, by the camera's clock through RTCP sender reports
 //! (`clock_source` `"rtcp"`) or, without them, when this server received it (`"local"`);
-//! `box` is `[x1, y1, x2, y2]` in the frame's pixels; `latency_ms` is glass to result.
+//! `box` is `[x1, y1, x2, y2]` in the frame's pixels; `latency_ms` is glass to result;
+//! `track_id` is present on detections that belong to a confirmed track (streams that
+//! track objects) and is stable while the object is tracked.
+//!
+//! An object event (`type` one of `object.start`, `object.end`, `zone.enter`, `zone.exit`,
+//! `zone.loiter`, `line.cross`):
+//!
+//! ```json
+//! {
+//!   "schema_version": 2, "id": "019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50", "type": "line.cross",
+//!   "stream": "cam1", "track_id": 17, "class_id": 0, "label": "person", "score": 0.91,
+//!   "box": [12.5, 40.0, 210.0, 700.2], "width": 1280, "height": 720,
+//!   "capture_time": "2026-12-01T09:30:00.123Z", "capture_unix_ms": 1796117400123,
+//!   "clock_source": "rtcp", "pts_seconds": 49.36,
+//!   "line": "gate", "direction": "in", "snapshot_url": "/v1/events/019ad2c4-.../snapshot.jpg"
+//! }
+//! ```
+//!
+//! Kind-specific fields: `zone` (zone events), `line` and `direction` (`line.cross`),
+//! `inside_s` (`zone.loiter`), `first_seen_unix_ms`, `last_seen_unix_ms`, `duration_s` and
+//! `best_score` (`object.end`, whose `score` is also the best). `snapshot_url` is present
+//! when the event has a snapshot.
 //!
 //! A status message: `{"schema_version": 1, "stream": "cam1", "status": "backing_off",
 //! "since_unix_ms"?, "last_error"?, "next_attempt_unix_ms"?, "attempt"?, "reason"?}`.
@@ -34,9 +56,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::event::{DetectionEvent, StatusChange, StreamStatus};
+use crate::event::{DetectionEvent, ObjectEvent, ObjectEventKind, StatusChange, StreamStatus};
 
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Serialize)]
 struct EventJson<'a> {
@@ -61,9 +83,11 @@ struct DetectionJson<'a> {
     score: f32,
     #[serde(rename = "box")]
     bbox: [f32; 4],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    track_id: Option<u64>,
 }
 
-fn unix_ms(t: SystemTime) -> i64 {
+pub(crate) fn unix_ms(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
         Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
@@ -93,16 +117,117 @@ pub fn event_json(event: &DetectionEvent) -> Vec<u8> {
         detections: event
             .detections
             .iter()
-            .map(|d| DetectionJson {
+            .enumerate()
+            .map(|(i, d)| DetectionJson {
                 class_id: d.class_id,
                 class_name: event.class_names.name(d.class_id),
                 score: d.score,
                 bbox: [d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2],
+                track_id: event.track_ids.get(i).copied().flatten(),
             })
             .collect(),
         latency_ms: event.latency.as_secs_f64() * 1000.0,
     };
     // Serialising plain numbers and strings cannot fail; an empty body would be a bug.
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+#[derive(Serialize)]
+struct ObjectJson<'a> {
+    schema_version: u32,
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    stream: &'a str,
+    track_id: u64,
+    class_id: u32,
+    label: &'a str,
+    score: f32,
+    #[serde(rename = "box")]
+    bbox: [f32; 4],
+    width: u32,
+    height: u32,
+    capture_time: String,
+    capture_unix_ms: i64,
+    clock_source: &'static str,
+    pts_seconds: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zone: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    direction: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inside_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_seen_unix_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_seen_unix_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    best_score: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    snapshot_url: Option<String>,
+}
+
+/// Where the API serves an event's snapshot.
+pub fn snapshot_url(id: &str) -> String {
+    format!("/v1/events/{id}/snapshot.jpg")
+}
+
+/// An object event as JSON bytes. `has_snapshot`: whether a snapshot is (or will be)
+/// stored for it; the store keeps the same JSON, so it says so even after the bytes left.
+pub fn object_json(event: &ObjectEvent, has_snapshot: bool) -> Vec<u8> {
+    let capture_ms = unix_ms(event.capture.wall);
+    let mut body = ObjectJson {
+        schema_version: SCHEMA_VERSION,
+        id: &event.id,
+        kind: event.kind.name(),
+        stream: &event.stream,
+        track_id: event.track_id,
+        class_id: event.class_id,
+        label: &event.label,
+        score: event.score,
+        bbox: [event.bbox.x1, event.bbox.y1, event.bbox.x2, event.bbox.y2],
+        width: event.width,
+        height: event.height,
+        capture_time: rfc3339_ms(capture_ms),
+        capture_unix_ms: capture_ms,
+        clock_source: event.capture.source.as_str(),
+        pts_seconds: event.pts.seconds,
+        zone: None,
+        line: None,
+        direction: None,
+        inside_s: None,
+        first_seen_unix_ms: None,
+        last_seen_unix_ms: None,
+        duration_s: None,
+        best_score: None,
+        snapshot_url: has_snapshot.then(|| snapshot_url(&event.id)),
+    };
+    match &event.kind {
+        ObjectEventKind::Start => {}
+        ObjectEventKind::End {
+            first_seen,
+            last_seen,
+            best_score,
+        } => {
+            body.first_seen_unix_ms = Some(unix_ms(*first_seen));
+            body.last_seen_unix_ms = Some(unix_ms(*last_seen));
+            body.duration_s = Some(last_seen.duration_since(*first_seen).unwrap_or_default().as_secs_f64());
+            body.best_score = Some(*best_score);
+        }
+        ObjectEventKind::ZoneEnter { zone } | ObjectEventKind::ZoneExit { zone } => body.zone = Some(zone),
+        ObjectEventKind::ZoneLoiter { zone, inside_for } => {
+            body.zone = Some(zone);
+            body.inside_s = Some(inside_for.as_secs_f64());
+        }
+        ObjectEventKind::LineCross { line, direction } => {
+            body.line = Some(line);
+            body.direction = Some(direction.as_str());
+        }
+    }
     serde_json::to_vec(&body).unwrap_or_default()
 }
 
@@ -185,6 +310,7 @@ pub(crate) mod tests {
                     bbox: BBox::new(0.0, 0.0, 8.0, 8.0),
                 },
             ],
+            track_ids: vec![Some(17), None],
             class_names: ClassNames::new(vec!["person".into()]),
             published: UNIX_EPOCH,
             latency: Duration::from_micros(87_500),
@@ -195,7 +321,7 @@ pub(crate) mod tests {
     fn event_schema_is_stable() {
         let v: serde_json::Value = serde_json::from_slice(&event_json(&event(7))).unwrap();
         let expected = serde_json::json!({
-            "schema_version": 1,
+            "schema_version": 2,
             "stream": "cam1",
             "seq": 7,
             "pts_seconds": 5.0,
@@ -206,7 +332,7 @@ pub(crate) mod tests {
             "width": 1280,
             "height": 720,
             "detections": [
-                {"class_id": 0, "class_name": "person", "score": 0.5, "box": [1.0, 2.0, 3.0, 4.0]},
+                {"class_id": 0, "class_name": "person", "score": 0.5, "box": [1.0, 2.0, 3.0, 4.0], "track_id": 17},
                 {"class_id": 99, "class_name": "class99", "score": 0.25, "box": [0.0, 0.0, 8.0, 8.0]}
             ],
             "latency_ms": 87.5
@@ -227,8 +353,61 @@ pub(crate) mod tests {
         let v: serde_json::Value = serde_json::from_slice(&status_json(&change)).unwrap();
         assert_eq!(
             v,
-            serde_json::json!({"schema_version": 1, "stream": "cam1", "status": "backing_off",
+            serde_json::json!({"schema_version": 2, "stream": "cam1", "status": "backing_off",
                 "last_error": "refused", "attempt": 3, "next_attempt_unix_ms": 5})
         );
+    }
+
+    pub(crate) fn object(kind: ObjectEventKind) -> ObjectEvent {
+        let base = event(1);
+        ObjectEvent {
+            id: "019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50".into(),
+            stream: base.stream,
+            kind,
+            track_id: 17,
+            class_id: 0,
+            label: "person".into(),
+            score: 0.5,
+            bbox: BBox::new(1.0, 2.0, 3.0, 4.0),
+            pts: base.pts,
+            capture: base.capture,
+            width: 1280,
+            height: 720,
+            snapshot: None,
+        }
+    }
+
+    #[test]
+    fn object_events_carry_their_kind_and_its_fields() {
+        use crate::event::CrossDirection;
+        let cross = object(ObjectEventKind::LineCross {
+            line: "gate".into(),
+            direction: CrossDirection::In,
+        });
+        let v: serde_json::Value = serde_json::from_slice(&object_json(&cross, true)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "schema_version": 2, "id": "019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50",
+                "type": "line.cross", "stream": "cam1", "track_id": 17, "class_id": 0,
+                "label": "person", "score": 0.5, "box": [1.0, 2.0, 3.0, 4.0],
+                "width": 1280, "height": 720, "capture_time": "2026-12-01T09:30:00.123Z",
+                "capture_unix_ms": 1796117400123i64, "clock_source": "rtcp", "pts_seconds": 5.0,
+                "line": "gate", "direction": "in",
+                "snapshot_url": "/v1/events/019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50/snapshot.jpg"
+            })
+        );
+        let first = UNIX_EPOCH + Duration::from_secs(100);
+        let end = object(ObjectEventKind::End {
+            first_seen: first,
+            last_seen: first + Duration::from_millis(2500),
+            best_score: 0.75,
+        });
+        let v: serde_json::Value = serde_json::from_slice(&object_json(&end, false)).unwrap();
+        assert_eq!(v["type"], "object.end");
+        assert_eq!(v["duration_s"], 2.5);
+        assert_eq!(v["first_seen_unix_ms"], 100_000);
+        assert_eq!(v["best_score"], 0.75);
+        assert!(v.get("snapshot_url").is_none() && v.get("zone").is_none());
     }
 }

@@ -19,7 +19,7 @@ use peregrine_vision::ImageView;
 use tokio::sync::oneshot;
 
 struct Job {
-    frame: Frame,
+    frame: std::sync::Arc<Frame>,
     deadline: Instant,
     reply: oneshot::Sender<Result<Vec<Detection>, DetectError>>,
 }
@@ -74,7 +74,7 @@ impl EngineDetector {
 impl FrameDetector for EngineDetector {
     fn detect(
         &self,
-        frame: Frame,
+        frame: std::sync::Arc<Frame>,
         deadline: std::time::Instant,
     ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>> {
         let (reply, rx) = oneshot::channel();

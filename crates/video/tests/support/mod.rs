@@ -270,7 +270,7 @@ pub struct InstantDetector {
 impl FrameDetector for InstantDetector {
     fn detect(
         &self,
-        frame: Frame,
+        frame: std::sync::Arc<Frame>,
         _deadline: std::time::Instant,
     ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,20 @@
+//! What a stream makes of its detections over time: objects tracked from frame to frame
+//! (`peregrine-track`), zones and lines they enter, leave and cross (`peregrine-zones`),
+//! the events that follow (`object.start`, `zone.enter`, `line.cross`, ...) with
+//! snapshots, and the latest frame for live views.
+//!
+//! Each stream has one analytics thread ([`worker`]) that owns all of it: the detection
+//! task hands it each frame with its detections, API handlers send it commands with reply
+//! channels, and it publishes the detection event (now with track ids) and any object
+//! events. [`stream::StreamAnalytics`] is the per-frame logic as plain state; [`config`]
+//! is its settings' shape; [`snapshot`] draws and encodes pictures; [`report`] is what the
+//! API and Prometheus read.
+
+pub(crate) mod config;
+pub(crate) mod report;
+pub(crate) mod snapshot;
+pub(crate) mod stream;
+pub(crate) mod worker;
+
+#[cfg(test)]
+mod stream_tests;
