@@ -56,6 +56,8 @@ pub enum StoreError {
     Write(String),
     #[error("{events} events could not be committed to the event database: {message}")]
     EventsLost { events: u64, message: String },
+    #[error("could not start the event store's writer thread: {0}")]
+    StartWriter(#[source] std::io::Error),
     #[error("the event store's writer thread has stopped; nothing more can be written")]
     WriterStopped,
 }

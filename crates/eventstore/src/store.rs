@@ -58,7 +58,7 @@ impl EventStore {
         let writer = std::thread::Builder::new()
             .name("eventstore-writer".into())
             .spawn(move || writer.run())
-            .map_err(|error| StoreError::Write(format!("could not start the writer thread: {error}")))?;
+            .map_err(StoreError::StartWriter)?;
         tracing::info!(path = %config.path.display(), "event store open");
         Ok(Self {
             shared: Arc::new(Shared {
