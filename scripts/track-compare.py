@@ -8,7 +8,9 @@ detections on both sides, so IoU is 1 wherever both track one).
 
 Inputs are JSON lines, one frame per line, as `peregrine detect --format json` writes them:
     {"detections": [{"class_id": 0, "score": 0.9, "box": [x1, y1, x2, y2]}, ...], ...}
-optionally with "pts_s" (the frame's media time, seconds). Lines that already carry a
+optionally with "pts_seconds" (the frame's media time, as the server's detection events carry
+it). There must be a line for every frame the detector saw, empty ones included: both trackers
+step their motion model once per line. Lines that already carry a
 "track_id" on each detection (e.g. from the real server) are compared as they are (--tracked);
 otherwise they go through crates/track's example `track_jsonl`.
 

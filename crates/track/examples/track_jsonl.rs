@@ -3,8 +3,8 @@
 //! "box": [x1, y1, x2, y2]}, ...], ...}`) and writes the same lines with a `track_id` on each
 //! detection (`null` when untracked).
 //!
-//! A frame's media time is its `pts_s` field (seconds) when present, else its line number
-//! divided by `--fps` (default 30). `--class-agnostic` matches across classes, as `trackers`
+//! A frame's media time is its `pts_seconds` field (as the server's detection events carry it)
+//! when present, else its line number divided by `--fps` (default 30). `--class-agnostic` matches across classes, as `trackers`
 //! does; `--lost-after-s S`, `--high-score`, `--new-track-score`, `--match-iou` and `--min-hits`
 //! set the other settings. Used by scripts/track-compare.py.
 
@@ -44,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         let mut frame: Value = serde_json::from_str(&line).map_err(|e| format!("line {}: {e}", index + 1))?;
-        let at = match frame.get("pts_s").and_then(Value::as_f64) {
+        let at = match frame.get("pts_seconds").and_then(Value::as_f64) {
             Some(seconds) => Duration::from_secs_f64(seconds),
             None => Duration::from_secs_f64(index as f64 / fps),
         };
