@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What the test suite needs beyond the build (run by `make test`, after setup.sh):
 # - a Python virtual environment in .cache/venv with Triton's own clients (tritonclient
-#   HTTP and gRPC), pytest and Pillow, pinned in tests/triton/requirements.txt;
+#   HTTP and gRPC), pytest and Pillow, pinned in tests/triton/requirements.txt, and the
+#   tracker comparison's peers (Roboflow's trackers, supervision, motmetrics), pinned
+#   without dependencies in tests/video/requirements-tracking.txt;
 # - perf_analyzer 2.60.0 (PyPI) in .cache/perf-analyzer, runnable here through a private
 #   newer glibc (scripts/fetch-perf-analyzer.sh);
 # - the video tests' RTSP server (GStreamer), MQTT broker (mosquitto) and H.265 test clip
@@ -14,8 +16,10 @@ sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 venv=.cache/venv
 requirements=tests/triton/requirements.txt
+# The tracker comparison's pinned set, installed without dependencies (see the file).
+tracking=tests/video/requirements-tracking.txt
 stamp="$venv/.requirements.sha256"
-want=$(sha256sum "$requirements" | cut -d' ' -f1)
+want=$(cat "$requirements" "$tracking" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     rm -rf "$venv"
     if ! python3 -m venv "$venv" 2>/dev/null; then
@@ -27,6 +31,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         python3 -m venv "$venv"
     fi
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$tracking"
     echo "$want" >"$stamp"
 fi
 

@@ -69,7 +69,7 @@ def peers():
     subscribed = threading.Event()
     # stdbuf: line-buffered output through the pipe, so the SUBACK line is not held back.
     sub = subprocess.Popen(["stdbuf", "-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p", str(p.mqtt_port), "-t", "peregrine/#", "-v",
-                            "-d"], stdout=subprocess.PIPE, text=True)
+                            "-d"], stdout=subprocess.PIPE, text=True, errors="replace")
 
     def read_sub():
         for line in sub.stdout:
@@ -93,6 +93,21 @@ name = "cam1"
 url = "{p.rtsp}/cam"
 transport = "tcp"
 fps = 5
+
+[[streams.analytics.zones]]
+name = "left"
+units = "normalized"
+points = [[0.0, 0.0], [0.5, 0.0], [0.5, 1.0], [0.0, 1.0]]
+
+[[streams.analytics.lines]]
+name = "middle"
+units = "normalized"
+start = [0.5, 0.0]
+end = [0.5, 1.0]
+
+[events]
+db = "{tmp / 'events.sqlite3'}"
+snapshots_dir = "{tmp / 'snapshots'}"
 
 [mqtt]
 host = "127.0.0.1"
@@ -125,6 +140,8 @@ port = {p.mqtt_port}
         assert time.time() < deadline, "the server did not become ready"
         time.sleep(0.1)
     p.server = server
+    p.tmp = tmp
+    p.binary = binary
     yield p
     server.terminate()
     server.wait(30)

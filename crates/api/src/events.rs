@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -96,9 +97,12 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// `GET /v1/events`: newest first; `next_cursor` fetches the page after.
-pub async fn list(State(state): State<AppState>, params: Query<EventsParams>) -> Result<Json<Value>, ApiError> {
+pub async fn list(
+    State(state): State<AppState>,
+    params: Result<Query<EventsParams>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
     let store = store(&state)?;
-    let query = params.0.query()?;
+    let query = params.map_err(|e| ApiError::BadRequest(e.body_text()))?.0.query()?;
     let page = blocking(move || store.query(&query)).await?;
     Ok(Json(json!({
         "events": page.events.iter().map(event_value).collect::<Vec<_>>(),

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -136,11 +137,16 @@ pub struct PictureParams {
 }
 
 /// `GET /v1/streams/{name}/latest.jpg[?annotate=true]`.
+fn picture_params(p: Result<Query<PictureParams>, QueryRejection>) -> Result<PictureParams, ApiError> {
+    p.map(|q| q.0).map_err(|e| ApiError::BadRequest(e.body_text()))
+}
+
 pub async fn latest(
     State(state): State<AppState>,
     Path(name): Path<String>,
-    Query(p): Query<PictureParams>,
+    p: Result<Query<PictureParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let p = picture_params(p)?;
     if p.fps.is_some() {
         return Err(ApiError::BadRequest("fps applies to .../mjpeg only".into()));
     }
@@ -166,8 +172,9 @@ pub async fn latest(
 pub async fn mjpeg(
     State(state): State<AppState>,
     Path(name): Path<String>,
-    Query(p): Query<PictureParams>,
+    p: Result<Query<PictureParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let p = picture_params(p)?;
     let fps = p.fps.unwrap_or(DEFAULT_MJPEG_FPS);
     if !(fps.is_finite() && fps > 0.0 && fps <= MAX_MJPEG_FPS) {
         return Err(ApiError::BadRequest(format!("fps must be over 0 and at most {MAX_MJPEG_FPS}, not {fps}")));

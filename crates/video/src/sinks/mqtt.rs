@@ -204,6 +204,9 @@ impl MqttSink {
             ));
         }
         options.set_keep_alive(Duration::from_secs(config.keep_alive_s.max(5)));
+        // rumqttc refuses packets over 10 KiB by default, and an oversized one drops the
+        // connection: snapshots (tens to hundreds of KiB) need room; incoming stays small.
+        options.set_max_packet_size(10 * 1024, MAX_OUTGOING_PACKET);
         options.set_clean_session(true);
         options.set_last_will(LastWill::new(
             config.available_topic(),
@@ -349,6 +352,9 @@ async fn publish(
     sent
 }
 
+/// The largest packet the sink sends; a snapshot that would not fit is not published.
+const MAX_OUTGOING_PACKET: usize = 8 << 20;
+
 /// An object event on `<prefix>/events` and, when it has one, its snapshot on
 /// `<prefix>/<stream>/<label>/snapshot` (retained: the latest picture of each kind of object,
 /// as Frigate publishes them).
@@ -361,7 +367,7 @@ async fn publish_object(
     client
         .publish(format!("{prefix}/events"), QoS::AtLeastOnce, false, body)
         .await?;
-    if let Some(jpeg) = &event.snapshot {
+    if let Some(jpeg) = event.snapshot.as_ref().filter(|j| j.len() + 1024 < MAX_OUTGOING_PACKET) {
         let topic = format!("{prefix}/{}/{}/snapshot", event.stream, topic_part(&event.label));
         client.publish(topic, QoS::AtMostOnce, true, jpeg.to_vec()).await?;
     }

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use peregrine_eventstore::{EventStore, NewEvent};
+use peregrine_eventstore::{Dropped, EventStore, NewEvent};
 use tokio::task::JoinHandle;
 
 use crate::event::{ObjectEvent, SinkMessage};
@@ -66,13 +66,27 @@ async fn run(queue: SinkQueue, store: EventStore, snapshots: PathBuf) {
             payload,
             snapshot,
         };
+        let file = row.snapshot.clone();
         match store.record(row) {
             Ok(()) => telemetry::sink_delivered("store"),
-            Err(_) => telemetry::store_dropped("queue_full"),
+            Err(dropped) => {
+                telemetry::store_dropped(match dropped {
+                    Dropped::QueueFull { .. } => "queue_full",
+                    Dropped::WriterStopped => "writer_stopped",
+                    Dropped::Invalid { .. } => "invalid",
+                });
+                tracing::warn!(id = %event.id, error = %dropped, "event not stored");
+                // The store owns a snapshot only once it took the event.
+                if let Some(f) = file {
+                    let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(f)).await;
+                }
+            }
         }
     }
-    if let Err(e) = tokio::task::spawn_blocking(move || store.flush()).await {
-        tracing::warn!(error = %e, "the event store did not flush at shutdown");
+    match tokio::task::spawn_blocking(move || store.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "the event store reported lost events at shutdown"),
+        Err(e) => tracing::warn!(error = %e, "the event store did not flush at shutdown"),
     }
 }
 
