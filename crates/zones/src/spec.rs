@@ -169,8 +169,15 @@ fn to_pixels(
     }
     Ok(match units {
         Units::Pixels => (x, y),
-        Units::Normalized => (x * width, y * height),
+        Units::Normalized => (snap(x * width), snap(y * height)),
     })
+}
+
+/// Rounds to 1/256 px: an `f32` cannot hold most fractions exactly (0.55 is 0.550000012),
+/// and 0.55 of 1280 px should be the pixel edge 704, not 704.000015, or an anchor on pixel
+/// 704 would be outside.
+fn snap(pixels: f64) -> f64 {
+    (pixels * 256.0).round() / 256.0
 }
 
 pub(crate) fn check_frame(frame: (u32, u32)) -> Result<(), ZoneError> {

@@ -518,3 +518,23 @@ fn a_bad_frame_or_margin_is_refused() {
     let err = Analytics::new(vec![], vec![], negative, FRAME).unwrap_err();
     assert!(err.to_string().contains("line hysteresis margin -1 px"), "{err}");
 }
+
+#[test]
+fn normalized_points_land_on_whole_pixels() {
+    // f32 holds 0.55 as 0.550000012: unsnapped, 0.55 of 1280 would be 704.000015 and an
+    // anchor on pixel 704 would be outside.
+    let zone = ZoneSpec {
+        points: [(0.55, 0.6), (0.95, 0.6), (0.95, 0.9)]
+            .map(|(x, y)| Point::new(x, y))
+            .to_vec(),
+        units: Units::Normalized,
+        ..square("corner")
+    };
+    let mut analytics = Analytics::new(vec![zone], vec![], config(Hysteresis::OFF), (1280, 720)).unwrap();
+    let events = analytics.observe(&[at_feet(1, 0, 1216.0, 432.0)], ms(0));
+    assert_eq!(
+        events.len(),
+        1,
+        "the corner (1216, 432) is on the boundary, so inside"
+    );
+}
