@@ -165,7 +165,7 @@ def compare(args):
     print(f"zone membership: {agree}/{total} (track, frame, zone) inside in both; "
           f"{total - agree} differ ({only_sv} inside for supervision only)"
           + (f", farthest {worst:.2f} px from a border" if total > agree else ""))
-    if differing:
+    if any(differing.values()):
         print("  differences by zone:", dict(differing))
     both = ours[1] & theirs[1]
     print(f"crossings: peregrine {len(ours[1])}, supervision {len(theirs[1])}, in both {len(both)}")
@@ -271,7 +271,7 @@ def track(args):
 
     # `peregrine detect --format json` prints one JSON object per image.
     results = sorted(read_jsonl(args.detections), key=lambda r: r["image"])
-    tracker = ByteTrackTracker(frame_rate=args.fps)
+    tracker = ByteTrackTracker(frame_rate=args.fps, track_activation_threshold=args.activation)
     with open(args.out, "w") as out:
         for n, result in enumerate(results):
             boxes = result["detections"]
@@ -307,6 +307,8 @@ def main():
     p.add_argument("detections")
     p.add_argument("out")
     p.add_argument("--fps", type=float, default=25.0)
+    p.add_argument("--activation", type=float, default=0.7,
+                   help="ByteTrack's track_activation_threshold (trackers' default 0.7)")
     args = parser.parse_args()
     sys.exit({"compare": compare, "synth": synth, "grid": grid, "track": track}[args.command](args) or 0)
 

@@ -136,4 +136,31 @@ mod tests {
         assert!(r.contains(5, 2));
         assert!(!r.contains(6, 3));
     }
+
+    #[test]
+    fn a_quadrilateral_covers_the_pixels_opencv_fills() {
+        // supervision 0.31.2 `polygon_to_mask` (OpenCV 5.0 `fillPoly`) of this polygon.
+        let expected = [
+            "..............",
+            ".###..........",
+            ".#########....",
+            ".############.",
+            ".############.",
+            "..##########..",
+            "..##########..",
+            "..#########...",
+            "..#########...",
+            "....#######...",
+            "......####....",
+            "........##....",
+            "..............",
+        ];
+        let r = raster(&[(1.0, 1.0), (12.0, 3.0), (9.0, 11.0), (2.0, 8.0)]);
+        for (y, row) in expected.iter().enumerate() {
+            let drawn: String = (0..14)
+                .map(|x| if r.contains(x, y as i64) { '#' } else { '.' })
+                .collect();
+            assert_eq!(drawn, *row, "row {y}");
+        }
+    }
 }
