@@ -14,6 +14,8 @@ const SHIFT: u32 = 16;
 #[derive(Debug, Clone)]
 pub struct Raster {
     vertices: Vec<(i64, i64)>,
+    /// Smallest and largest vertex coordinates: nothing outside is covered.
+    bounds: ((i64, i64), (i64, i64)),
 }
 
 /// `ceil(n / d)` for `d > 0`.
@@ -50,11 +52,20 @@ fn on_line(a: (i64, i64), b: (i64, i64), p: (i64, i64)) -> bool {
 
 impl Raster {
     pub(crate) fn new(points: &[Xy]) -> Self {
-        let vertices = points
+        let vertices: Vec<(i64, i64)> = points
             .iter()
             .map(|(x, y)| (x.round() as i64, y.round() as i64))
             .collect();
-        Self { vertices }
+        let low = vertices
+            .iter()
+            .fold((i64::MAX, i64::MAX), |m, v| (m.0.min(v.0), m.1.min(v.1)));
+        let high = vertices
+            .iter()
+            .fold((i64::MIN, i64::MIN), |m, v| (m.0.max(v.0), m.1.max(v.1)));
+        Self {
+            vertices,
+            bounds: (low, high),
+        }
     }
 
     fn edges(&self) -> impl Iterator<Item = ((i64, i64), (i64, i64))> + '_ {
@@ -64,28 +75,34 @@ impl Raster {
 
     /// Whether the scanline fill reaches `(x, y)`: edges cover rows `[top, bottom)`, their x
     /// on row `y` is fixed point with the slope truncated, and the row is filled between
-    /// pairs of edge crossings, rounding both towards the inside.
+    /// pairs of edge crossings, each rounded towards the inside.
     fn filled(&self, x: i64, y: i64) -> bool {
-        let mut crossings: Vec<i64> = self
-            .edges()
-            .filter(|(a, b)| a.1 != b.1)
-            .filter_map(|(a, b)| {
-                let (top, bottom) = if a.1 < b.1 { (a, b) } else { (b, a) };
-                if !(top.1..bottom.1).contains(&y) {
-                    return None;
-                }
-                let slope = ((bottom.0 - top.0) << SHIFT) / (bottom.1 - top.1);
-                Some((top.0 << SHIFT) + (y - top.1) * slope)
-            })
-            .collect();
-        crossings.sort_unstable();
-        crossings
-            .chunks_exact(2)
-            .any(|pair| (pair[0] + (1 << SHIFT) - 1) >> SHIFT <= x && x <= pair[1] >> SHIFT)
+        // Row `y` is filled from ceil(c0) to floor(c1), ceil(c2) to floor(c3), ... over the
+        // sorted crossings; in fixed point, `x` is in a span exactly when it equals a crossing
+        // or an odd number of crossings lie before it, so no sort is needed.
+        let fixed_x = x << SHIFT;
+        let mut before = 0usize;
+        for (a, b) in self.edges().filter(|(a, b)| a.1 != b.1) {
+            let (top, bottom) = if a.1 < b.1 { (a, b) } else { (b, a) };
+            if !(top.1..bottom.1).contains(&y) {
+                continue;
+            }
+            let slope = ((bottom.0 - top.0) << SHIFT) / (bottom.1 - top.1);
+            let crossing = (top.0 << SHIFT) + (y - top.1) * slope;
+            if crossing == fixed_x {
+                return true;
+            }
+            before += usize::from(crossing < fixed_x);
+        }
+        before % 2 == 1
     }
 
     /// Whether pixel `(x, y)` is in the zone.
     pub fn contains(&self, x: i64, y: i64) -> bool {
+        let (low, high) = self.bounds;
+        if x < low.0 || y < low.1 || x > high.0 || y > high.1 {
+            return false;
+        }
         self.edges().any(|(a, b)| on_line(a, b, (x, y))) || self.filled(x, y)
     }
 }
