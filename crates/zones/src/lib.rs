@@ -31,7 +31,7 @@ use std::time::Duration;
 use peregrine_types::BBox;
 
 pub use geometry::{Anchor, Point, UnknownAnchor};
-pub use spec::{LineSpec, Units, ZoneError, ZoneSpec};
+pub use spec::{LineSpec, Units, ZoneError, ZoneSpec, MAX_FRAME_SIDE};
 
 use line::LineState;
 use zone::{Sighting, ZoneState};

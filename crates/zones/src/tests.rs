@@ -456,11 +456,14 @@ fn a_bad_frame_or_margin_is_refused() {
     let empty = Analytics::new(vec![], vec![], AnalyticsConfig::default(), (0, 720)).unwrap_err();
     assert_eq!(
         empty,
-        ZoneError::EmptyFrame {
+        ZoneError::FrameSize {
             width: 0,
             height: 720
         }
     );
+    let huge = Analytics::new(vec![], vec![], AnalyticsConfig::default(), (100_000, 720));
+    let message = huge.unwrap_err().to_string();
+    assert!(message.contains("100000x720 is not usable"), "{message}");
     let mut negative = AnalyticsConfig::default();
     negative.line_hysteresis.margin_px = -1.0;
     let err = Analytics::new(vec![], vec![], negative, FRAME).unwrap_err();
