@@ -8,6 +8,9 @@
   zones-compare.py synth OUT_DIR [--seed N] [--frames N] [--objects N]
       Writes OUT_DIR/definition.json and OUT_DIR/tracks.jsonl: random walks through four
       zones and four lines, some boxes jittering on a border or a line, some dropped frames.
+  zones-compare.py grid OUT_DIR [--seed N]
+      Writes six random star-shaped zones on a 220x220 frame and one frame per pixel row
+      with a box whose anchor is on each pixel: every pixel's membership gets compared.
   zones-compare.py track DETECTIONS.json OUT.jsonl [--fps F]
       Turns `peregrine detect --format json` output over a clip's frames (sorted by file
       name) into tracked boxes with supervision/trackers' ByteTrack.
@@ -44,8 +47,8 @@ def f32(value):
 
 def pixels(point, units, frame):
     x, y = f32(point[0]), f32(point[1])
-    if units == "normalized":
-        return x * frame[0], y * frame[1]
+    if units == "normalized":  # as Peregrine: snapped to 1/256 px
+        return round(x * frame[0] * 256) / 256, round(y * frame[1] * 256) / 256
     return x, y
 
 
@@ -109,8 +112,11 @@ def run_peregrine(definition_path, tracks_path, binary):
     command = [binary] if binary else [
         "cargo", "run", "-q", "--release", "-p", "peregrine-zones", "--example", "zones_jsonl",
         "--"]
-    out = subprocess.run(command + [definition_path, tracks_path], check=True, cwd=REPO,
-                         capture_output=True, text=True).stdout.splitlines()
+    paths = [os.path.abspath(definition_path), os.path.abspath(tracks_path)]
+    run = subprocess.run(command + paths, cwd=REPO, capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"zones_jsonl failed: {run.stderr.strip()}")
+    out = run.stdout.splitlines()
     rows = [json.loads(line) for line in out]
     counts = {name: {d: {int(k): v for k, v in c[d].items()} for d in ("in", "out")}
               for name, c in rows[-1]["counts"].items()}
@@ -138,6 +144,7 @@ def compare(args):
                 for z in definition.get("zones", [])}
     agree = total = only_sv = 0
     worst = 0.0
+    differing = Counter()
     for frame, mine, sv_inside in zip(frames, ours[0], theirs[0]):
         boxes = {o["track_id"]: o["bbox"] for o in frame["objects"]}
         for name, polygon in polygons.items():
@@ -145,6 +152,7 @@ def compare(args):
             total += len(a | b)
             agree += len(a & b)
             only_sv += len(b - a)
+            differing[name] += len(a ^ b)
             for track in a ^ b:
                 x1, y1, x2, y2 = (f32(v) for v in boxes[track])
                 point = {"bottom_center": ((x1 + x2) / 2, y2), "center": ((x1 + x2) / 2, (y1 + y2) / 2)
@@ -157,6 +165,8 @@ def compare(args):
     print(f"zone membership: {agree}/{total} (track, frame, zone) inside in both; "
           f"{total - agree} differ ({only_sv} inside for supervision only)"
           + (f", farthest {worst:.2f} px from a border" if total > agree else ""))
+    if any(differing.values()):
+        print("  differences by zone:", dict(differing))
     both = ours[1] & theirs[1]
     print(f"crossings: peregrine {len(ours[1])}, supervision {len(theirs[1])}, in both {len(both)}")
     for c in sorted(ours[1] ^ theirs[1])[:10]:
@@ -179,7 +189,7 @@ def synth(args):
         "zones": [
             {"name": "dock", "points": [[100, 100], [500, 100], [500, 400], [100, 400]]},
             {"name": "ramp", "points": [[600, 150], [1100, 250], [1000, 600], [650, 500]]},
-            {"name": "corner", "points": [[0.55, 0.6], [0.95, 0.6], [0.95, 0.98], [0.8, 0.98],
+            {"name": "corner", "points": [[0.55, 0.6], [0.95, 0.6], [0.95, 0.975], [0.8, 0.975],
                                           [0.8, 0.8], [0.55, 0.8]], "units": "normalized"},
             {"name": "cars", "points": [[50, 450], [450, 700], [50, 700]], "classes": [2]},
         ],
@@ -232,24 +242,43 @@ def synth(args):
         json.dump(definition, out, indent=1)
 
 
+def grid(args):
+    rng = random.Random(args.seed)
+    zones = []
+    for k in range(6):
+        cx, cy = rng.randint(60, 140), rng.randint(60, 140)
+        points = []
+        for angle in sorted(rng.uniform(0, 2 * math.pi) for _ in range(rng.randint(3, 9))):
+            radius = rng.uniform(15, 60)
+            point = [round(cx + radius * math.cos(angle)), round(cy + radius * math.sin(angle))]
+            if point not in points:
+                points.append(point)
+        zones.append({"name": f"z{k}", "points": points})
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "definition.json"), "w") as out:
+        json.dump({"frame": [220, 220], "anchor": "bottom_center",
+                   "hysteresis": {"frames": 1, "margin_px": 0}, "zones": zones, "lines": []}, out)
+    with open(os.path.join(args.out_dir, "tracks.jsonl"), "w") as out:
+        for y in range(215):
+            objects = [{"track_id": x + 1, "class_id": 0, "bbox": [x - 3, y - 10, x + 3, y]}
+                       for x in range(215)]
+            out.write(json.dumps({"frame": y, "pts_ms": y * 40, "objects": objects}) + "\n")
+
+
 def track(args):
     import supervision as sv
     from trackers import ByteTrackTracker
 
-    results = json.load(open(args.detections))
-    if isinstance(results, dict):
-        results = results.get("results", results.get("images", [results]))
-    results = sorted(results, key=lambda r: r.get("file") or r.get("path") or r.get("image"))
-    tracker = ByteTrackTracker(frame_rate=args.fps)
+    # `peregrine detect --format json` prints one JSON object per image.
+    results = sorted(read_jsonl(args.detections), key=lambda r: r["image"])
+    tracker = ByteTrackTracker(frame_rate=args.fps, track_activation_threshold=args.activation)
     with open(args.out, "w") as out:
         for n, result in enumerate(results):
-            boxes = result.get("detections", [])
-            xyxy = np.array([[b["bbox"][k] for k in ("x1", "y1", "x2", "y2")]
-                             if isinstance(b["bbox"], dict) else b["bbox"] for b in boxes],
-                            dtype=np.float32).reshape(-1, 4)
+            boxes = result["detections"]
+            xyxy = np.array([b["box"] for b in boxes], dtype=np.float32).reshape(-1, 4)
             detections = sv.Detections(
                 xyxy=xyxy.astype(np.float64),
-                confidence=np.array([b.get("score", b.get("confidence")) for b in boxes], dtype=float),
+                confidence=np.array([b["score"] for b in boxes], dtype=float),
                 class_id=np.array([b["class_id"] for b in boxes], dtype=int),
             )
             tracked = tracker.update(detections)
@@ -271,12 +300,17 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--frames", type=int, default=1500)
     p.add_argument("--objects", type=int, default=120)
+    p = sub.add_parser("grid")
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=1)
     p = sub.add_parser("track")
     p.add_argument("detections")
     p.add_argument("out")
     p.add_argument("--fps", type=float, default=25.0)
+    p.add_argument("--activation", type=float, default=0.7,
+                   help="ByteTrack's track_activation_threshold (trackers' default 0.7)")
     args = parser.parse_args()
-    sys.exit({"compare": compare, "synth": synth, "track": track}[args.command](args) or 0)
+    sys.exit({"compare": compare, "synth": synth, "grid": grid, "track": track}[args.command](args) or 0)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,14 @@ fn tracked(object: &Value) -> Result<TrackedBox> {
     })
 }
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(err) = run() {
+        eprintln!("zones_jsonl: {err}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, definition, tracks] = args.as_slice() else {
         return Err("usage: zones_jsonl <definition.json> <tracks.jsonl>".into());

@@ -1,11 +1,13 @@
-//! Plane geometry on pixel coordinates: the anchor point of a box, point-in-polygon, distances
-//! and segment intersection. Everything is computed in `f64` from the `f32` inputs so that sign
+//! Plane geometry on pixel coordinates: the anchor point of a box, distances and segment
+//! intersection. Everything is computed in `f64` from the `f32` inputs so that sign
 //! tests come out the same as supervision's (NumPy `float64`) on the same numbers.
 
 use std::fmt;
 use std::str::FromStr;
 
 use peregrine_types::BBox;
+
+use crate::raster::Raster;
 
 /// A point in the image plane; pixels or fractions of the frame, as its spec's `Units` say.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -162,33 +164,23 @@ pub(crate) fn segments_meet(a: Xy, b: Xy, c: Xy, d: Xy) -> bool {
 #[derive(Debug, Clone)]
 pub(crate) struct Polygon {
     points: Vec<Xy>,
+    raster: Raster,
 }
 
 impl Polygon {
     pub(crate) fn new(points: Vec<Xy>) -> Self {
-        Self { points }
+        let raster = Raster::new(&points);
+        Self { points, raster }
+    }
+
+    /// Whether the pixel `(x, y)` belongs to the zone as drawn on the pixel grid.
+    pub(crate) fn contains_pixel(&self, x: i64, y: i64) -> bool {
+        self.raster.contains(x, y)
     }
 
     fn edges(&self) -> impl Iterator<Item = (Xy, Xy)> + '_ {
         let n = self.points.len();
         (0..n).map(move |i| (self.points[i], self.points[(i + 1) % n]))
-    }
-
-    /// Inside or on the boundary (even-odd rule; the polygon is simple so this is exact).
-    pub(crate) fn contains(&self, p: Xy) -> bool {
-        let mut inside = false;
-        for (a, b) in self.edges() {
-            if on_segment(a, b, p) {
-                return true;
-            }
-            if (a.1 > p.1) != (b.1 > p.1) {
-                let x_at = a.0 + (p.1 - a.1) * (b.0 - a.0) / (b.1 - a.1);
-                if p.0 < x_at {
-                    inside = !inside;
-                }
-            }
-        }
-        inside
     }
 
     /// Distance from `p` to the nearest edge.
@@ -255,17 +247,11 @@ mod tests {
     }
 
     #[test]
-    fn contains_counts_the_boundary_as_inside() {
-        let square = Polygon::new(vec![(0.0, 0.0), (10.0, 0.0), (10.0, 10.0), (0.0, 10.0)]);
-        assert!(square.contains((5.0, 5.0)));
-        assert!(square.contains((10.0, 5.0)));
-        assert!(square.contains((0.0, 0.0)));
-        assert!(!square.contains((10.5, 5.0)));
-        assert!(!square.contains((5.0, -0.5)));
+    fn distance_to_the_boundary() {
         let triangle = Polygon::new(vec![(0.0, 0.0), (10.0, 0.0), (0.0, 10.0)]);
-        assert!(triangle.contains((5.0, 5.0)));
-        assert!(!triangle.contains((6.0, 5.0)));
         assert_eq!(triangle.boundary_distance((2.0, 1.0)), 1.0);
+        assert_eq!(triangle.boundary_distance((-3.0, 5.0)), 3.0);
+        assert!(triangle.contains_pixel(0, 0) && !triangle.contains_pixel(6, 5));
     }
 
     #[test]

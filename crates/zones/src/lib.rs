@@ -2,7 +2,8 @@
 //! polygons, how long they stay, and which cross which named lines in which direction.
 //!
 //! - [`geometry`]: points, the [`Anchor`] of a box that decides where an object is,
-//!   point-in-polygon and segment tests.
+//!   distances and segment tests (for validation and the hysteresis margin).
+//! - [`raster`]: which whole pixels a zone covers (its filled interior and drawn outline).
 //! - [`spec`]: what the caller defines ([`ZoneSpec`], [`LineSpec`], in pixels or fractions
 //!   of the frame) and its validation against the frame size ([`ZoneError`]).
 //! - `zone` and `line`: per-track state of one zone (enter/exit with hysteresis, loiter) and
@@ -13,13 +14,14 @@
 //! Plain state: no I/O, no threads, no clock. Time is whatever `at` the caller passes.
 //!
 //! With [`Hysteresis::OFF`] the results equal supervision's: per-frame zone membership as
-//! `PolygonZone` (anchor rounded to the pixel grid, boundary inside) and line crossings as
+//! `PolygonZone` (anchor rounded to the pixel grid, looked up in the zone's pixels) and line crossings as
 //! `LineZone` with `minimum_crossing_threshold = 1`. The defaults ([`Hysteresis::default`])
 //! add a consecutive-frames rule and a pixel dead band so a box jittering on a border does
 //! not flap.
 
 pub mod geometry;
 mod line;
+pub mod raster;
 pub mod spec;
 mod zone;
 
@@ -29,7 +31,7 @@ use std::time::Duration;
 use peregrine_types::BBox;
 
 pub use geometry::{Anchor, Point, UnknownAnchor};
-pub use spec::{LineSpec, Units, ZoneError, ZoneSpec};
+pub use spec::{LineSpec, Units, ZoneError, ZoneSpec, MAX_FRAME_SIDE};
 
 use line::LineState;
 use zone::{Sighting, ZoneState};

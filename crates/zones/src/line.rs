@@ -63,8 +63,12 @@ impl LineState {
     }
 
     /// The anchor's side (`true` = left = `in`), or `None` when it does not count: beyond
-    /// the segment's ends, or within `margin` pixels of the line.
+    /// the segment's ends, within `margin` pixels of the line, or not finite.
     fn side(&self, anchor: Xy, margin: f64) -> Option<bool> {
+        // A NaN would pass the limit test below (both comparisons false) and land on a side.
+        if !(anchor.0.is_finite() && anchor.1.is_finite()) {
+            return None;
+        }
         let [(a0, b0), (a1, b1)] = self.limits;
         if (cross(a0, b0, anchor) > 0.0) != (cross(a1, b1, anchor) > 0.0) {
             return None;

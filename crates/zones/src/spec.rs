@@ -48,11 +48,14 @@ pub struct LineSpec {
     pub classes: Option<Vec<u32>>,
 }
 
+/// The largest frame side accepted: keeps the raster's fixed-point arithmetic in `i64`.
+pub const MAX_FRAME_SIDE: u32 = 1 << 16;
+
 /// A zone or line definition that cannot be used, or a frame size that makes no sense.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ZoneError {
-    #[error("frame size {width}x{height} is empty: zones need the stream's frame size")]
-    EmptyFrame { width: u32, height: u32 },
+    #[error("frame size {width}x{height} is not usable: each side must be 1 to {MAX_FRAME_SIDE} pixels (zones need the stream's frame size)")]
+    FrameSize { width: u32, height: u32 },
     #[error("a zone or line has an empty name: give every zone and line a name")]
     EmptyName,
     #[error("name `{name}` is used twice: zone and line names must be unique per stream")]
@@ -169,13 +172,21 @@ fn to_pixels(
     }
     Ok(match units {
         Units::Pixels => (x, y),
-        Units::Normalized => (x * width, y * height),
+        Units::Normalized => (snap(x * width), snap(y * height)),
     })
 }
 
+/// Rounds to 1/256 px: an `f32` cannot hold most fractions exactly (0.55 is 0.550000012),
+/// and 0.55 of 1280 px should be the pixel edge 704, not 704.000015, or an anchor on pixel
+/// 704 would be outside.
+fn snap(pixels: f64) -> f64 {
+    (pixels * 256.0).round() / 256.0
+}
+
 pub(crate) fn check_frame(frame: (u32, u32)) -> Result<(), ZoneError> {
-    if frame.0 == 0 || frame.1 == 0 {
-        return Err(ZoneError::EmptyFrame {
+    let usable = |side: u32| (1..=MAX_FRAME_SIDE).contains(&side);
+    if !(usable(frame.0) && usable(frame.1)) {
+        return Err(ZoneError::FrameSize {
             width: frame.0,
             height: frame.1,
         });

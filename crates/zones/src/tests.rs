@@ -347,160 +347,108 @@ fn occupancy_and_counts_by_class() {
     assert_eq!(analytics.line_names(), vec!["gate"]);
 }
 
-fn error(zones: Vec<ZoneSpec>, lines: Vec<LineSpec>) -> (ZoneError, String) {
+fn refusal(zones: Vec<ZoneSpec>, lines: Vec<LineSpec>) -> String {
     let err = Analytics::new(zones, lines, AnalyticsConfig::default(), FRAME).unwrap_err();
-    let message = err.to_string();
-    (err, message)
+    err.to_string()
 }
 
-fn zone_with(points: &[(f32, f32)], units: Units) -> ZoneSpec {
-    ZoneSpec {
+fn zone_with(points: &[(f32, f32)], units: Units) -> Vec<ZoneSpec> {
+    vec![ZoneSpec {
         points: points.iter().map(|(x, y)| Point::new(*x, *y)).collect(),
         units,
         ..square("dock")
+    }]
+}
+
+#[test]
+fn every_bad_zone_is_refused_with_a_message_naming_it() {
+    let px = Units::Pixels;
+    let cases = [
+        (
+            zone_with(&[(0.0, 0.0), (10.0, 0.0)], px),
+            "zone `dock` has 2 points",
+        ),
+        (
+            zone_with(&[(0.0, 0.0), (10.0, 10.0), (10.0, 0.0), (0.0, 10.0)], px),
+            "zone `dock` intersects itself: edge 0",
+        ),
+        (
+            zone_with(&[(0.0, 0.0), (5.0, 5.0), (10.0, 10.0)], px),
+            "zero area",
+        ),
+        (
+            zone_with(&[(0.0, 0.0), (0.0, 0.0), (10.0, 10.0), (0.0, 10.0)], px),
+            "repeats point 0",
+        ),
+        (
+            zone_with(&[(0.0, 0.0), (1001.0, 0.0), (0.0, 10.0)], px),
+            "point 1 is (1001, 0), outside the 1000x1000 frame",
+        ),
+        (
+            zone_with(&[(0.0, 0.0), (0.5, 0.0), (0.5, 1.5)], Units::Normalized),
+            "must lie in [0, 1] x [0, 1]",
+        ),
+        (
+            zone_with(&[(0.0, -1.0), (5.0, 0.0), (5.0, 5.0)], px),
+            "point 0 is (0, -1)",
+        ),
+        (
+            zone_with(&[(0.0, f32::NAN), (5.0, 0.0), (5.0, 5.0)], px),
+            "(0, NaN)",
+        ),
+        (
+            vec![ZoneSpec {
+                classes: Some(vec![]),
+                ..square("dock")
+            }],
+            "zone `dock` has an empty class list",
+        ),
+    ];
+    for (zones, expected) in cases {
+        let message = refusal(zones, vec![]);
+        assert!(message.contains(expected), "`{message}` should say `{expected}`");
     }
 }
 
 #[test]
-fn every_bad_spec_is_refused_with_a_message_naming_it() {
-    let cases: Vec<(ZoneError, &str)> = vec![
+fn bad_lines_and_names_are_refused_with_a_message_naming_them() {
+    let cases = [
         (
-            error(vec![zone_with(&[(0.0, 0.0), (10.0, 0.0)], Units::Pixels)], vec![]).0,
-            "has 2 points",
-        ),
-        (
-            error(
-                vec![zone_with(
-                    &[(0.0, 0.0), (10.0, 10.0), (10.0, 0.0), (0.0, 10.0)],
-                    Units::Pixels,
-                )],
-                vec![],
-            )
-            .0,
-            "intersects itself",
-        ),
-        (
-            error(
-                vec![zone_with(&[(0.0, 0.0), (5.0, 5.0), (10.0, 10.0)], Units::Pixels)],
-                vec![],
-            )
-            .0,
-            "zero area",
-        ),
-        (
-            error(
-                vec![zone_with(
-                    &[(0.0, 0.0), (0.0, 0.0), (10.0, 10.0), (0.0, 10.0)],
-                    Units::Pixels,
-                )],
-                vec![],
-            )
-            .0,
-            "repeats point 0",
-        ),
-        (
-            error(
-                vec![zone_with(
-                    &[(0.0, 0.0), (1001.0, 0.0), (0.0, 10.0)],
-                    Units::Pixels,
-                )],
-                vec![],
-            )
-            .0,
-            "point 1 is (1001, 0), outside the 1000x1000 frame",
-        ),
-        (
-            error(
-                vec![zone_with(
-                    &[(0.0, 0.0), (0.5, 0.0), (0.5, 1.5)],
-                    Units::Normalized,
-                )],
-                vec![],
-            )
-            .0,
-            "must lie in [0, 1] x [0, 1]",
-        ),
-        (
-            error(
-                vec![zone_with(&[(0.0, -1.0), (5.0, 0.0), (5.0, 5.0)], Units::Pixels)],
-                vec![],
-            )
-            .0,
-            "point 0 is (0, -1)",
-        ),
-        (
-            error(
-                vec![zone_with(
-                    &[(0.0, f32::NAN), (5.0, 0.0), (5.0, 5.0)],
-                    Units::Pixels,
-                )],
-                vec![],
-            )
-            .0,
-            "point 0 is (0, NaN)",
-        ),
-        (
-            error(
-                vec![square("dock")],
-                vec![LineSpec {
-                    end: Point::new(200.0, 500.0),
-                    ..gate()
-                }],
-            )
-            .0,
+            vec![],
+            vec![LineSpec {
+                end: Point::new(200.0, 500.0),
+                ..gate()
+            }],
             "line `gate` starts and ends at the same point",
         ),
         (
-            error(vec![square("gate")], vec![gate()]).0,
-            "name `gate` is used twice",
-        ),
-        (
-            error(vec![square("dock"), square("dock")], vec![]).0,
-            "name `dock` is used twice",
-        ),
-        (error(vec![square(" ")], vec![]).0, "empty name"),
-        (
-            error(
-                vec![ZoneSpec {
-                    classes: Some(vec![]),
-                    ..square("dock")
-                }],
-                vec![],
-            )
-            .0,
-            "zone `dock` has an empty class list",
-        ),
-        (
-            error(
-                vec![],
-                vec![LineSpec {
-                    classes: Some(vec![]),
-                    ..gate()
-                }],
-            )
-            .0,
-            "line `gate` has an empty class list",
-        ),
-    ];
-    for (err, expected) in cases {
-        let message = err.to_string();
-        assert!(message.contains(expected), "`{message}` should say `{expected}`");
-    }
-    assert!(matches!(
-        error(
-            vec![square("dock")],
+            vec![],
             vec![LineSpec {
                 start: Point::new(-1.0, 0.0),
                 ..gate()
-            }]
-        )
-        .0,
-        ZoneError::OutsideFrame {
-            what: "line",
-            index: 0,
-            ..
-        }
-    ));
+            }],
+            "line `gate` point 0 is (-1, 0)",
+        ),
+        (
+            vec![],
+            vec![LineSpec {
+                classes: Some(vec![]),
+                ..gate()
+            }],
+            "line `gate` has an empty class list",
+        ),
+        (vec![square("gate")], vec![gate()], "name `gate` is used twice"),
+        (
+            vec![square("dock"), square("dock")],
+            vec![],
+            "name `dock` is used twice",
+        ),
+        (vec![square(" ")], vec![], "empty name"),
+    ];
+    for (zones, lines, expected) in cases {
+        let message = refusal(zones, lines);
+        assert!(message.contains(expected), "`{message}` should say `{expected}`");
+    }
 }
 
 #[test]
@@ -508,13 +456,36 @@ fn a_bad_frame_or_margin_is_refused() {
     let empty = Analytics::new(vec![], vec![], AnalyticsConfig::default(), (0, 720)).unwrap_err();
     assert_eq!(
         empty,
-        ZoneError::EmptyFrame {
+        ZoneError::FrameSize {
             width: 0,
             height: 720
         }
     );
+    let huge = Analytics::new(vec![], vec![], AnalyticsConfig::default(), (100_000, 720));
+    let message = huge.unwrap_err().to_string();
+    assert!(message.contains("100000x720 is not usable"), "{message}");
     let mut negative = AnalyticsConfig::default();
     negative.line_hysteresis.margin_px = -1.0;
     let err = Analytics::new(vec![], vec![], negative, FRAME).unwrap_err();
     assert!(err.to_string().contains("line hysteresis margin -1 px"), "{err}");
+}
+
+#[test]
+fn normalized_points_land_on_whole_pixels() {
+    // f32 holds 0.55 as 0.550000012: unsnapped, 0.55 of 1280 would be 704.000015 and an
+    // anchor on pixel 704 would be outside.
+    let zone = ZoneSpec {
+        points: [(0.55, 0.6), (0.95, 0.6), (0.95, 0.9)]
+            .map(|(x, y)| Point::new(x, y))
+            .to_vec(),
+        units: Units::Normalized,
+        ..square("corner")
+    };
+    let mut analytics = Analytics::new(vec![zone], vec![], config(Hysteresis::OFF), (1280, 720)).unwrap();
+    let events = analytics.observe(&[at_feet(1, 0, 1216.0, 432.0)], ms(0));
+    assert_eq!(
+        events.len(),
+        1,
+        "the corner (1216, 432) is on the boundary, so inside"
+    );
 }

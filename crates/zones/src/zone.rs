@@ -67,12 +67,14 @@ impl ZoneState {
     }
 
     /// Whether the anchor is inside, on the pixel grid: it is rounded to the nearest pixel
-    /// (ties to even, NumPy's `rint`) as supervision's mask lookup does, and the boundary
-    /// counts as inside. `margin` is the dead band around the boundary in which the current
+    /// (ties to even, NumPy's `rint`) and looked up in the zone's pixels (see
+    /// [`crate::raster`]), as supervision's mask lookup does. `margin` is the dead band around the boundary in which the current
     /// side is kept.
     fn side(zone: &Zone, anchor: Xy, current: bool, margin: f64) -> bool {
         let pixel = (anchor.0.round_ties_even(), anchor.1.round_ties_even());
-        let inside = zone.polygon.contains(pixel);
+        // Far outside the frame (or not finite): outside, without overflowing the cast.
+        let on_grid = pixel.0.abs() < 1e9 && pixel.1.abs() < 1e9;
+        let inside = on_grid && zone.polygon.contains_pixel(pixel.0 as i64, pixel.1 as i64);
         if inside != current && margin > 0.0 && zone.polygon.boundary_distance(pixel) < margin {
             return current;
         }
