@@ -26,6 +26,8 @@ async fn subscriber(
 ) -> tokio::sync::mpsc::Receiver<(String, Vec<u8>, bool)> {
     let mut options = MqttOptions::new(id, "127.0.0.1", port);
     options.set_keep_alive(Duration::from_secs(10));
+    // Retained snapshots are far over rumqttc's default 10 KiB.
+    options.set_max_packet_size(16 << 20, 10 * 1024);
     let (client, mut event_loop) = AsyncClient::new(options, 16);
     client.subscribe(filter, QoS::AtLeastOnce).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
@@ -117,6 +119,12 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
                         .or_default()
                         .push(v["status"].as_str().unwrap_or("").to_string());
                 }
+                // Tracked objects' events and their snapshots (the video pytest checks them).
+                ["pv-test", "events"] => {
+                    let v: Value = serde_json::from_slice(&payload).expect("object event JSON");
+                    assert!(v["type"].as_str().is_some_and(|t| t.contains('.')), "{v}");
+                }
+                ["pv-test", _, _, "snapshot"] => assert!(payload.starts_with(&[0xFF, 0xD8]), "a JPEG"),
                 other => panic!("unexpected topic {other:?}"),
             }
         }

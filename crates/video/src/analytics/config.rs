@@ -275,7 +275,7 @@ fn resolve_lines(lines: &[LineConfig], names: &ClassNames) -> Result<Vec<LineSpe
 
 /// A frame size for checks made before the stream's is known: pixel coordinates are only
 /// checked to be non-negative then.
-const UNKNOWN_FRAME: (u32, u32) = (1 << 20, 1 << 20);
+const UNKNOWN_FRAME: (u32, u32) = (peregrine_zones::MAX_FRAME_SIDE, peregrine_zones::MAX_FRAME_SIDE);
 
 impl ResolvedAnalytics {
     /// The zones and lines against `frame` (or any frame, when not known yet).
