@@ -47,7 +47,11 @@ fn time_ms(name: &str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
     }
     v.parse::<jiff::Timestamp>()
         .map(|t| Some(t.as_millisecond()))
-        .map_err(|_| ApiError::BadRequest(format!("{name}={v:?} is neither unix milliseconds nor an RFC 3339 time")))
+        .map_err(|_| {
+            ApiError::BadRequest(format!(
+                "{name}={v:?} is neither unix milliseconds nor an RFC 3339 time"
+            ))
+        })
 }
 
 impl EventsParams {
@@ -83,7 +87,8 @@ impl EventsParams {
 
 /// The stored JSON of an event (as published), parsed for embedding.
 fn event_value(e: &StoredEvent) -> Value {
-    serde_json::from_str(&e.payload).unwrap_or_else(|_| json!({ "id": e.id, "type": e.kind, "stream": e.stream }))
+    serde_json::from_str(&e.payload)
+        .unwrap_or_else(|_| json!({ "id": e.id, "type": e.kind, "stream": e.stream }))
 }
 
 /// Runs a store call on the blocking pool (SQLite reads wait on disk).
@@ -102,7 +107,10 @@ pub async fn list(
     params: Result<Query<EventsParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let store = store(&state)?;
-    let query = params.map_err(|e| ApiError::BadRequest(e.body_text()))?.0.query()?;
+    let query = params
+        .map_err(|e| ApiError::BadRequest(e.body_text()))?
+        .0
+        .query()?;
     let page = blocking(move || store.query(&query)).await?;
     Ok(Json(json!({
         "events": page.events.iter().map(event_value).collect::<Vec<_>>(),
@@ -118,7 +126,9 @@ fn not_found(id: &str) -> ApiError {
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let store = store(&state)?;
     let wanted = id.clone();
-    let event = blocking(move || store.get(&wanted)).await?.ok_or_else(|| not_found(&id))?;
+    let event = blocking(move || store.get(&wanted))
+        .await?
+        .ok_or_else(|| not_found(&id))?;
     Ok(Json(event_value(&event)))
 }
 
@@ -136,7 +146,9 @@ pub async fn delete(State(state): State<AppState>, Path(id): Path<String>) -> Re
 pub async fn snapshot(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let store = store(&state)?;
     let wanted = id.clone();
-    let event = blocking(move || store.get(&wanted)).await?.ok_or_else(|| not_found(&id))?;
+    let event = blocking(move || store.get(&wanted))
+        .await?
+        .ok_or_else(|| not_found(&id))?;
     let no_picture = || ApiError::Missing(format!("event {id:?} has no snapshot"));
     let path = event.snapshot.ok_or_else(no_picture)?;
     // Retention may have removed the file since the row was read.
@@ -158,18 +170,32 @@ pub async fn stream(State(state): State<AppState>) -> Result<Response, ApiError>
             if events.missed() > missed {
                 let lost = events.missed() - missed;
                 missed = events.missed();
-                if tx.send(Event::default().event("lagged").data(lost.to_string())).await.is_err() {
+                if tx
+                    .send(Event::default().event("lagged").data(lost.to_string()))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
-            let body = String::from_utf8(object_json(&event, event.snapshot.is_some() && state.events.is_some()))
-                .unwrap_or_default();
-            if tx.send(Event::default().event("object").data(body)).await.is_err() {
+            let body = String::from_utf8(object_json(
+                &event,
+                event.snapshot.is_some() && state.events.is_some(),
+            ))
+            .unwrap_or_default();
+            if tx
+                .send(Event::default().event("object").data(body))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
     });
-    let items = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok::<_, Infallible>);
+    let items = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok::<_, Infallible>,
+    );
     Ok(Sse::new(items)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())

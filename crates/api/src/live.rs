@@ -159,7 +159,10 @@ pub async fn latest(
         [
             (header::CONTENT_TYPE, "image/jpeg".to_string()),
             (header::CACHE_CONTROL, "no-store".to_string()),
-            (header::HeaderName::from_static("x-frame-seq"), picture.seq.to_string()),
+            (
+                header::HeaderName::from_static("x-frame-seq"),
+                picture.seq.to_string(),
+            ),
         ],
         picture.jpeg,
     )
@@ -177,7 +180,9 @@ pub async fn mjpeg(
     let p = picture_params(p)?;
     let fps = p.fps.unwrap_or(DEFAULT_MJPEG_FPS);
     if !(fps.is_finite() && fps > 0.0 && fps <= MAX_MJPEG_FPS) {
-        return Err(ApiError::BadRequest(format!("fps must be over 0 and at most {MAX_MJPEG_FPS}, not {fps}")));
+        return Err(ApiError::BadRequest(format!(
+            "fps must be over 0 and at most {MAX_MJPEG_FPS}, not {fps}"
+        )));
     }
     // Fails now (404) for a stream that does not exist.
     state.streams.status(&name).await?;
@@ -211,7 +216,10 @@ pub async fn mjpeg(
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Ok((
         [
-            (header::CONTENT_TYPE, format!("multipart/x-mixed-replace; boundary={BOUNDARY}")),
+            (
+                header::CONTENT_TYPE,
+                format!("multipart/x-mixed-replace; boundary={BOUNDARY}"),
+            ),
             (header::CACHE_CONTROL, "no-store".to_string()),
         ],
         body,

@@ -87,7 +87,10 @@ impl EventsSettings {
             "events.max_age_days must be 0 (keep) or a positive number of days, not {}",
             self.max_age_days
         );
-        anyhow::ensure!(!self.db.is_empty(), "events.db is empty: give a file, or none to keep no events");
+        anyhow::ensure!(
+            !self.db.is_empty(),
+            "events.db is empty: give a file, or none to keep no events"
+        );
         Ok(())
     }
 
@@ -148,6 +151,10 @@ mod tests {
             max_age_days: -1.0,
             ..Default::default()
         };
-        assert!(s.validate().unwrap_err().to_string().contains("events.max_age_days"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("events.max_age_days"));
     }
 }

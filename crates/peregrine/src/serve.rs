@@ -8,10 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use peregrine_api::drain::Drain;
 use peregrine_api::{ApiConfig, AppState};
+use peregrine_eventstore::EventStore;
 use peregrine_registry::{
     FixedModel, ModelConfigFile, ModelRegistry, ModelSource, OrtLoader, RegistryConfig, Startup, Weights,
 };
-use peregrine_eventstore::EventStore;
 use peregrine_video::{ConfiguredSinks, StoreSink};
 use peregrine_video::{ManagerOptions, StreamManager, StreamManagerHandle, VideoConfig};
 use tokio::sync::watch;

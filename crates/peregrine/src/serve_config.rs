@@ -479,6 +479,28 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_analytics_example_is_a_valid_config_with_its_defaults() {
+        let readme = include_str!("../../../README.md");
+        let section = &readme[readme.find("## Video analytics").expect("README has the section")..];
+        let start = section.find("```toml\n").unwrap() + "```toml\n".len();
+        let end = start + section[start..].find("```").unwrap();
+        let parsed: ServeSettings = toml::from_str(&section[start..end]).unwrap();
+        let stream = &parsed.streams[0];
+        stream.validate().unwrap();
+        let a = &stream.analytics;
+        assert_eq!((a.zones.len(), a.lines.len()), (1, 1));
+        // The example spells out the defaults: keep them true.
+        let defaults = peregrine_video::AnalyticsConfig::default();
+        assert_eq!(a.tracker, defaults.tracker);
+        assert_eq!(
+            (a.hysteresis_frames, a.hysteresis_px),
+            (defaults.hysteresis_frames, defaults.hysteresis_px)
+        );
+        assert_eq!(&a.anchor, &defaults.anchor);
+        assert_eq!(parsed.events, crate::events_config::EventsSettings::default());
+    }
+
+    #[test]
     fn unknown_keys_in_the_file_are_errors() {
         let err = toml::from_str::<ServeSettings>("prot = 1").unwrap_err();
         assert!(err.to_string().contains("unknown field `prot`"), "{err}");

@@ -83,11 +83,21 @@ pub enum ObjectEventKind {
         last_seen: SystemTime,
         best_score: f32,
     },
-    ZoneEnter { zone: String },
-    ZoneExit { zone: String },
+    ZoneEnter {
+        zone: String,
+    },
+    ZoneExit {
+        zone: String,
+    },
     /// Inside `zone` longer than its `loiter` setting (once per stay).
-    ZoneLoiter { zone: String, inside_for: Duration },
-    LineCross { line: String, direction: CrossDirection },
+    ZoneLoiter {
+        zone: String,
+        inside_for: Duration,
+    },
+    LineCross {
+        line: String,
+        direction: CrossDirection,
+    },
 }
 
 /// Which way an object crossed a line (see the line's definition for which side is in).

@@ -273,12 +273,16 @@ impl StreamManagerHandle {
         lines: Option<Vec<LineConfig>>,
     ) -> Result<(), ManagerError> {
         let (z, l) = (zones.clone(), lines.clone());
-        self.ask_analytics(name, |reply| StageMessage::SetPlaces { zones: z, lines: l, reply })
-            .await?
-            .map_err(|problem| ManagerError::Places {
-                name: name.to_string(),
-                problem,
-            })?;
+        self.ask_analytics(name, |reply| StageMessage::SetPlaces {
+            zones: z,
+            lines: l,
+            reply,
+        })
+        .await?
+        .map_err(|problem| ManagerError::Places {
+            name: name.to_string(),
+            problem,
+        })?;
         let name = name.to_string();
         self.commands
             .send(Command::Placed { name, zones, lines })
@@ -409,7 +413,10 @@ impl Owner {
                     let _ = reply.send(sub);
                 }
                 Command::SubscribeObjects(reply) => {
-                    let _ = reply.send(ObjectSubscription::new(self.fanout.objects.subscribe(), "*objects".into()));
+                    let _ = reply.send(ObjectSubscription::new(
+                        self.fanout.objects.subscribe(),
+                        "*objects".into(),
+                    ));
                 }
                 Command::Analytics { name, reply } => {
                     let stage = match self.streams.get(&name) {
@@ -512,11 +519,11 @@ impl Owner {
             stream: events.clone(),
             fanout: self.fanout.clone(),
         };
-        let (stage, analytics_thread) =
-            analytics::spawn(&name, config.analytics.clone(), names, publisher).map_err(|reason| ManagerError::Start {
-                name: config.name.clone(),
-                reason,
-            })?;
+        let (stage, analytics_thread) = analytics::spawn(&name, config.analytics.clone(), names, publisher)
+            .map_err(|reason| ManagerError::Start {
+            name: config.name.clone(),
+            reason,
+        })?;
         let detection = DetectionTask {
             slot,
             detector: self.options.detector.clone(),

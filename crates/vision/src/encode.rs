@@ -17,7 +17,13 @@ pub enum EncodeError {
 
 /// Encodes `height` rows of `stride` bytes, each starting with `width` packed RGB8 pixels,
 /// as a baseline 4:2:0 JPEG of `quality` (1–100).
-pub fn jpeg(pixels: &[u8], width: u32, height: u32, stride: usize, quality: u8) -> Result<Vec<u8>, EncodeError> {
+pub fn jpeg(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    stride: usize,
+    quality: u8,
+) -> Result<Vec<u8>, EncodeError> {
     let geometry = EncodeError::Geometry {
         width,
         height,
@@ -39,7 +45,11 @@ pub fn jpeg(pixels: &[u8], width: u32, height: u32, stride: usize, quality: u8) 
         height: height as usize,
         format: turbojpeg::PixelFormat::RGB,
     };
-    let out = turbojpeg::compress(image, i32::from(quality.clamp(1, 100)), turbojpeg::Subsamp::Sub2x2)?;
+    let out = turbojpeg::compress(
+        image,
+        i32::from(quality.clamp(1, 100)),
+        turbojpeg::Subsamp::Sub2x2,
+    )?;
     Ok(out.to_vec())
 }
 
@@ -63,14 +73,25 @@ mod tests {
         let back = crate::decode::decode_image(&bytes, Default::default()).unwrap();
         assert_eq!((back.width(), back.height()), (w, h));
         let at = |x: u32, y: u32| back.rgb.get_pixel(x, y).0;
-        assert!(at(4, 8)[0] > 150 && at(4, 8)[2] < 70, "left stays red: {:?}", at(4, 8));
-        assert!(at(28, 8)[2] > 150 && at(28, 8)[0] < 70, "right stays blue: {:?}", at(28, 8));
+        assert!(
+            at(4, 8)[0] > 150 && at(4, 8)[2] < 70,
+            "left stays red: {:?}",
+            at(4, 8)
+        );
+        assert!(
+            at(28, 8)[2] > 150 && at(28, 8)[0] < 70,
+            "right stays blue: {:?}",
+            at(28, 8)
+        );
     }
 
     #[test]
     fn refuses_a_buffer_too_small_for_its_geometry() {
         let err = jpeg(&[0; 100], 10, 10, 30, 80).unwrap_err();
         assert!(err.to_string().contains("10x10 pixels"), "{err}");
-        assert!(jpeg(&[0; 300], 10, 10, 20, 80).is_err(), "stride shorter than a row");
+        assert!(
+            jpeg(&[0; 300], 10, 10, 20, 80).is_err(),
+            "stride shorter than a row"
+        );
     }
 }

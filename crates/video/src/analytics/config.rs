@@ -210,7 +210,10 @@ impl AnalyticsConfig {
         for z in &self.zones {
             if let Some(s) = z.loiter_s {
                 if !(s.is_finite() && s > 0.0) {
-                    return Err(format!("zone {:?}: loiter_s must be a positive number of seconds", z.name));
+                    return Err(format!(
+                        "zone {:?}: loiter_s must be a positive number of seconds",
+                        z.name
+                    ));
                 }
             }
         }
@@ -264,8 +267,14 @@ fn resolve_lines(lines: &[LineConfig], names: &ClassNames) -> Result<Vec<LineSpe
         .map(|l| {
             Ok(LineSpec {
                 name: l.name.clone(),
-                start: Point { x: l.start[0], y: l.start[1] },
-                end: Point { x: l.end[0], y: l.end[1] },
+                start: Point {
+                    x: l.start[0],
+                    y: l.start[1],
+                },
+                end: Point {
+                    x: l.end[0],
+                    y: l.end[1],
+                },
                 units: l.units.into(),
                 classes: resolve_classes(&l.classes, names).map_err(|e| format!("line {:?}: {e}", l.name))?,
             })
@@ -285,8 +294,13 @@ impl ResolvedAnalytics {
             zone_hysteresis: self.hysteresis,
             line_hysteresis: self.hysteresis,
         };
-        peregrine_zones::Analytics::new(self.zones.clone(), self.lines.clone(), config, frame.unwrap_or(UNKNOWN_FRAME))
-            .map_err(|e| e.to_string())
+        peregrine_zones::Analytics::new(
+            self.zones.clone(),
+            self.lines.clone(),
+            config,
+            frame.unwrap_or(UNKNOWN_FRAME),
+        )
+        .map_err(|e| e.to_string())
     }
 
     pub fn check(&self, frame: Option<(u32, u32)>) -> Result<(), String> {
@@ -311,7 +325,10 @@ fn resolve_classes(selectors: &[ClassSelector], names: &ClassNames) -> Result<Op
         .iter()
         .map(|s| match s {
             ClassSelector::Id(id) if names.is_empty() || (*id as usize) < names.len() => Ok(*id),
-            ClassSelector::Id(id) => Err(format!("unknown class id {id} (the model has {} classes)", names.len())),
+            ClassSelector::Id(id) => Err(format!(
+                "unknown class id {id} (the model has {} classes)",
+                names.len()
+            )),
             ClassSelector::Name(n) => names
                 .id_of(n)
                 .ok_or_else(|| format!("unknown class {n:?} (the model's classes: {})", class_list(names))),

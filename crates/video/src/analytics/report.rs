@@ -65,7 +65,11 @@ fn zone_reports(zones: &Analytics, names: &ClassNames) -> Vec<ZoneReport> {
         .into_iter()
         .map(|o| ZoneReport {
             objects: o.tracks.len(),
-            by_class: o.by_class.iter().map(|(c, n)| (names.name(*c).into_owned(), *n)).collect(),
+            by_class: o
+                .by_class
+                .iter()
+                .map(|(c, n)| (names.name(*c).into_owned(), *n))
+                .collect(),
             track_ids: o.tracks,
             name: o.name,
         })
@@ -77,7 +81,12 @@ fn line_reports(zones: &Analytics, names: &ClassNames) -> Vec<LineReport> {
         .line_counts()
         .into_iter()
         .map(|l| {
-            let mut classes: Vec<u32> = l.in_by_class.keys().chain(l.out_by_class.keys()).copied().collect();
+            let mut classes: Vec<u32> = l
+                .in_by_class
+                .keys()
+                .chain(l.out_by_class.keys())
+                .copied()
+                .collect();
             classes.sort_unstable();
             classes.dedup();
             let count = |m: &BTreeMap<u32, u64>, c: u32| m.get(&c).copied().unwrap_or(0);
@@ -86,7 +95,13 @@ fn line_reports(zones: &Analytics, names: &ClassNames) -> Vec<LineReport> {
                 total_out: l.out_by_class.values().sum(),
                 by_class: classes
                     .iter()
-                    .map(|&c| (names.name(c).into_owned(), count(&l.in_by_class, c), count(&l.out_by_class, c)))
+                    .map(|&c| {
+                        (
+                            names.name(c).into_owned(),
+                            count(&l.in_by_class, c),
+                            count(&l.out_by_class, c),
+                        )
+                    })
                     .collect(),
                 name: l.name,
             }

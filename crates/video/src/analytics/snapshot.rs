@@ -97,18 +97,31 @@ mod tests {
         };
         let plain = encode(&frame, None, None).unwrap();
         let drawn = encode(&frame, Some(&overlay), None).unwrap();
-        let decode = |b: &[u8]| peregrine_vision::decode::decode_image(b, Default::default()).unwrap().rgb;
+        let decode = |b: &[u8]| {
+            peregrine_vision::decode::decode_image(b, Default::default())
+                .unwrap()
+                .rgb
+        };
         let (plain, drawn) = (decode(&plain), decode(&drawn));
         assert_eq!(plain.dimensions(), (64, 48));
         let grayish = |p: &image::Rgb<u8>| p.0.iter().all(|&c| (120..=136).contains(&c));
         assert!(plain.pixels().all(grayish), "nothing drawn without an overlay");
-        assert!(!grayish(drawn.get_pixel(30, 39)), "the box's bottom edge is drawn");
+        assert!(
+            !grayish(drawn.get_pixel(30, 39)),
+            "the box's bottom edge is drawn"
+        );
     }
 
     #[test]
     fn a_crop_is_the_box_with_a_margin_inside_the_frame() {
-        assert_eq!(crop_region(BBox::new(10.0, 10.0, 30.0, 50.0), 100, 100), (5, 0, 30, 60));
-        assert_eq!(crop_region(BBox::new(90.0, 90.0, 120.0, 130.0), 100, 100), (82, 80, 18, 20));
+        assert_eq!(
+            crop_region(BBox::new(10.0, 10.0, 30.0, 50.0), 100, 100),
+            (5, 0, 30, 60)
+        );
+        assert_eq!(
+            crop_region(BBox::new(90.0, 90.0, 120.0, 130.0), 100, 100),
+            (82, 80, 18, 20)
+        );
         let frame = gray_frame(100, 100);
         let jpeg = encode(&frame, None, Some(BBox::new(10.0, 10.0, 30.0, 50.0))).unwrap();
         let img = peregrine_vision::decode::decode_image(&jpeg, Default::default()).unwrap();

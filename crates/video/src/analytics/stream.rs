@@ -137,7 +137,11 @@ impl StreamAnalytics {
     /// Replaces the zones, the lines or both (checked against the model's classes and the
     /// frame size, when known). Objects inside a replaced zone leave it without an event;
     /// counts start again.
-    pub fn set_places(&mut self, zones: Option<Vec<ZoneConfig>>, lines: Option<Vec<LineConfig>>) -> Result<(), String> {
+    pub fn set_places(
+        &mut self,
+        zones: Option<Vec<ZoneConfig>>,
+        lines: Option<Vec<LineConfig>>,
+    ) -> Result<(), String> {
         if !self.config.tracking {
             return Err("zones and lines need tracking: this stream has analytics.tracking = false".into());
         }
@@ -177,7 +181,11 @@ impl StreamAnalytics {
 
     /// One frame: sets `event.track_ids` and returns the frame's object events, oldest
     /// cause first (tracks that ended, tracks that started, then zones and lines).
-    pub fn observe(&mut self, event: &mut DetectionEvent, snapshots: &mut dyn SnapshotSource) -> Vec<ObjectEvent> {
+    pub fn observe(
+        &mut self,
+        event: &mut DetectionEvent,
+        snapshots: &mut dyn SnapshotSource,
+    ) -> Vec<ObjectEvent> {
         event.track_ids = vec![None; event.detections.len()];
         if !self.config.tracking {
             return Vec::new();
@@ -243,11 +251,24 @@ impl StreamAnalytics {
             },
         );
         let times = self.last_frame.clone().expect("observe sets it first");
-        self.object_event(&times, ObjectEventKind::Start, id, det.class_id, det.score, det.bbox, snapshot)
+        self.object_event(
+            &times,
+            ObjectEventKind::Start,
+            id,
+            det.class_id,
+            det.score,
+            det.bbox,
+            snapshot,
+        )
     }
 
     /// The frame's tracked boxes through the zones and lines.
-    fn zone_events(&mut self, event: &DetectionEvent, at: Duration, snapshots: &mut dyn SnapshotSource) -> Vec<ObjectEvent> {
+    fn zone_events(
+        &mut self,
+        event: &DetectionEvent,
+        at: Duration,
+        snapshots: &mut dyn SnapshotSource,
+    ) -> Vec<ObjectEvent> {
         let Some((zones, _)) = &mut self.zones else {
             return Vec::new();
         };
@@ -270,7 +291,9 @@ impl StreamAnalytics {
         happened
             .into_iter()
             .map(|z| {
-                let score = tracked().find(|(t, _)| *t == z.track).map_or(0.0, |(_, d)| d.score);
+                let score = tracked()
+                    .find(|(t, _)| *t == z.track)
+                    .map_or(0.0, |(_, d)| d.score);
                 let snapshot = self.take_snapshot(snapshots, event, z.bbox);
                 self.zone_event(&times, z, score, snapshot)
             })
@@ -309,7 +332,15 @@ impl StreamAnalytics {
             best_score: track.best_score,
         };
         let snapshot = notes.and_then(|n| n.best_snapshot).map(|(_, s)| s);
-        out.push(self.object_event(&times, kind, track.id.0, track.class_id, track.best_score, track.best_box, snapshot));
+        out.push(self.object_event(
+            &times,
+            kind,
+            track.id.0,
+            track.class_id,
+            track.best_score,
+            track.best_box,
+            snapshot,
+        ));
         out
     }
 
@@ -332,7 +363,12 @@ impl StreamAnalytics {
 
     /// Gives a track a better snapshot when it now scores clearly higher than in its
     /// current one (rate-limited per track).
-    fn refresh_best_snapshots(&mut self, event: &DetectionEvent, at: Duration, snapshots: &mut dyn SnapshotSource) {
+    fn refresh_best_snapshots(
+        &mut self,
+        event: &DetectionEvent,
+        at: Duration,
+        snapshots: &mut dyn SnapshotSource,
+    ) {
         if !self.config.snapshots {
             return;
         }
@@ -379,7 +415,13 @@ impl StreamAnalytics {
         }
     }
 
-    fn zone_event(&self, times: &FrameTimes, z: ZoneEvent, score: f32, snapshot: Option<Arc<Vec<u8>>>) -> ObjectEvent {
+    fn zone_event(
+        &self,
+        times: &FrameTimes,
+        z: ZoneEvent,
+        score: f32,
+        snapshot: Option<Arc<Vec<u8>>>,
+    ) -> ObjectEvent {
         let kind = match z.kind {
             ZoneEventKind::Enter => ObjectEventKind::ZoneEnter { zone: z.name },
             ZoneEventKind::Exit => ObjectEventKind::ZoneExit { zone: z.name },
@@ -398,4 +440,3 @@ impl StreamAnalytics {
         self.object_event(times, kind, z.track, z.class_id, score, z.bbox, snapshot)
     }
 }
-

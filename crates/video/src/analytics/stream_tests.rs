@@ -20,7 +20,11 @@ struct CountingSnapshots {
 
 impl SnapshotSource for CountingSnapshots {
     fn snapshot(&mut self, overlay: &Overlay<'_>, _focus: Option<BBox>) -> Option<Arc<Vec<u8>>> {
-        assert_eq!(overlay.detections.len(), overlay.track_ids.len(), "every box has its id slot");
+        assert_eq!(
+            overlay.detections.len(),
+            overlay.track_ids.len(),
+            "every box has its id slot"
+        );
         self.taken += 1;
         Some(Arc::new(self.taken.to_le_bytes().to_vec()))
     }
@@ -63,7 +67,10 @@ fn person_at(x: f32, y: f32, score: f32) -> Detection {
 }
 
 /// Runs `frames` through `a`, returning each frame's track ids and every event.
-fn run(a: &mut StreamAnalytics, frames: impl IntoIterator<Item = DetectionEvent>) -> (Vec<Vec<Option<u64>>>, Vec<ObjectEvent>) {
+fn run(
+    a: &mut StreamAnalytics,
+    frames: impl IntoIterator<Item = DetectionEvent>,
+) -> (Vec<Vec<Option<u64>>>, Vec<ObjectEvent>) {
     let mut snaps = CountingSnapshots::default();
     let (mut ids, mut events) = (Vec::new(), Vec::new());
     for mut f in frames {
@@ -82,7 +89,13 @@ fn two_walkers_keep_their_ids_and_start_once_each() {
     let mut a = StreamAnalytics::new(AnalyticsConfig::default(), names());
     let frames = (0..20).map(|n| {
         let x = n as f32 * 5.0;
-        frame(n, vec![person_at(100.0 + x, 100.0, 0.9), person_at(400.0 - x, 300.0, 0.85)])
+        frame(
+            n,
+            vec![
+                person_at(100.0 + x, 100.0, 0.9),
+                person_at(400.0 - x, 300.0, 0.85),
+            ],
+        )
     });
     let (ids, events) = run(&mut a, frames);
     assert_eq!(kinds(&events), ["object.start", "object.start"]);
@@ -153,7 +166,10 @@ fn a_walker_leaves_the_yard_and_crosses_the_gate() {
     // From x = 200 to x = 580 (its bottom centre at x + 20), 10 px a frame.
     let frames = (0..40).map(|n| frame(n, vec![person_at(200.0 + 10.0 * n as f32, 200.0, 0.9)]));
     let (_, events) = run(&mut a, frames);
-    assert_eq!(kinds(&events), ["object.start", "zone.enter", "zone.exit", "line.cross"]);
+    assert_eq!(
+        kinds(&events),
+        ["object.start", "zone.enter", "zone.exit", "line.cross"]
+    );
     assert_eq!(events[2].kind, ObjectEventKind::ZoneExit { zone: "yard".into() });
     let ObjectEventKind::LineCross { line, direction } = &events[3].kind else {
         panic!()
@@ -180,7 +196,10 @@ fn untracked_classes_get_no_ids_and_reach_no_zone() {
         score: 0.9,
         bbox: BBox::new(10.0, 10.0, 110.0, 60.0),
     };
-    let (ids, events) = run(&mut a, (0..5).map(|n| frame(n, vec![person_at(300.0, 100.0, 0.9), car])));
+    let (ids, events) = run(
+        &mut a,
+        (0..5).map(|n| frame(n, vec![person_at(300.0, 100.0, 0.9), car])),
+    );
     assert_eq!(kinds(&events), ["object.start"]);
     assert_eq!(events[0].label, "car");
     assert!(ids[4][0].is_none() && ids[4][1].is_some());
@@ -189,7 +208,10 @@ fn untracked_classes_get_no_ids_and_reach_no_zone() {
 #[test]
 fn class_names_are_resolved_at_the_first_frame_when_no_model_named_them_yet() {
     let mut a = StreamAnalytics::new(gate_and_yard(), ClassNames::default());
-    let (ids, _) = run(&mut a, (0..3).map(|n| frame(n, vec![person_at(100.0, 100.0, 0.9)])));
+    let (ids, _) = run(
+        &mut a,
+        (0..3).map(|n| frame(n, vec![person_at(100.0, 100.0, 0.9)])),
+    );
     assert!(ids[2][0].is_some());
     assert!(a.error().is_none());
 
@@ -198,8 +220,14 @@ fn class_names_are_resolved_at_the_first_frame_when_no_model_named_them_yet() {
         ..AnalyticsConfig::default()
     };
     let mut a = StreamAnalytics::new(config, ClassNames::default());
-    let (ids, events) = run(&mut a, (0..3).map(|n| frame(n, vec![person_at(100.0, 100.0, 0.9)])));
-    assert!(ids.iter().flatten().all(Option::is_none), "a config the model does not fit tracks nothing");
+    let (ids, events) = run(
+        &mut a,
+        (0..3).map(|n| frame(n, vec![person_at(100.0, 100.0, 0.9)])),
+    );
+    assert!(
+        ids.iter().flatten().all(Option::is_none),
+        "a config the model does not fit tracks nothing"
+    );
     assert!(events.is_empty());
     assert!(a.error().unwrap().contains("unicorn"), "{:?}", a.error());
 }

@@ -80,7 +80,10 @@ fn run(mut rx: mpsc::Receiver<StageMessage>, mut analytics: StreamAnalytics, pub
     while let Some(message) = rx.blocking_recv() {
         match message {
             StageMessage::Frame { frame, mut event } => {
-                let mut source = FrameSnapshots { frame: &frame, full: None };
+                let mut source = FrameSnapshots {
+                    frame: &frame,
+                    full: None,
+                };
                 let objects = analytics.observe(&mut event, &mut source);
                 let event = publisher.publish(event);
                 for object in objects {

@@ -367,9 +367,15 @@ async fn publish_object(
     client
         .publish(format!("{prefix}/events"), QoS::AtLeastOnce, false, body)
         .await?;
-    if let Some(jpeg) = event.snapshot.as_ref().filter(|j| j.len() + 1024 < MAX_OUTGOING_PACKET) {
+    if let Some(jpeg) = event
+        .snapshot
+        .as_ref()
+        .filter(|j| j.len() + 1024 < MAX_OUTGOING_PACKET)
+    {
         let topic = format!("{prefix}/{}/{}/snapshot", event.stream, topic_part(&event.label));
-        client.publish(topic, QoS::AtMostOnce, true, jpeg.to_vec()).await?;
+        client
+            .publish(topic, QoS::AtMostOnce, true, jpeg.to_vec())
+            .await?;
     }
     Ok(())
 }
@@ -378,7 +384,13 @@ async fn publish_object(
 fn topic_part(label: &str) -> String {
     label
         .chars()
-        .map(|c| if c.is_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 

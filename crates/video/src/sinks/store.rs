@@ -48,7 +48,9 @@ impl StoreSink {
 
 async fn run(queue: SinkQueue, store: EventStore, snapshots: PathBuf) {
     while let Some(message) = queue.pop().await {
-        let SinkMessage::Object(event) = message else { continue };
+        let SinkMessage::Object(event) = message else {
+            continue;
+        };
         let snapshot = match &event.snapshot {
             Some(jpeg) => write_snapshot(&snapshots, &event, jpeg.clone()).await,
             None => None,

@@ -182,7 +182,9 @@ impl Delivery {
         while let Some(message) = queue.pop().await {
             let body = match &message {
                 SinkMessage::Detection(e) if self.wanted(&e.stream) => wire::event_json(e),
-                SinkMessage::Object(e) if self.wanted(&e.stream) => wire::object_json(e, e.snapshot.is_some()),
+                SinkMessage::Object(e) if self.wanted(&e.stream) => {
+                    wire::object_json(e, e.snapshot.is_some())
+                }
                 SinkMessage::Status(c) if self.config.include_status && self.wanted(&c.stream) => {
                     wire::status_json(c)
                 }

@@ -215,7 +215,12 @@ pub fn object_json(event: &ObjectEvent, has_snapshot: bool) -> Vec<u8> {
         } => {
             body.first_seen_unix_ms = Some(unix_ms(*first_seen));
             body.last_seen_unix_ms = Some(unix_ms(*last_seen));
-            body.duration_s = Some(last_seen.duration_since(*first_seen).unwrap_or_default().as_secs_f64());
+            body.duration_s = Some(
+                last_seen
+                    .duration_since(*first_seen)
+                    .unwrap_or_default()
+                    .as_secs_f64(),
+            );
             body.best_score = Some(*best_score);
         }
         ObjectEventKind::ZoneEnter { zone } | ObjectEventKind::ZoneExit { zone } => body.zone = Some(zone),
