@@ -8,6 +8,7 @@ import importlib.util
 import io
 import json
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -67,13 +68,19 @@ def stream_events_from_the_start(base, definition, want, timeout=90):
     return events
 
 
-def test_track_ids_agree_with_roboflow_bytetrack_on_the_same_detections(peers):
-    compare = load_compare()
+@pytest.fixture(scope="module")
+def tracked_stream(peers):
+    """60 detection events of the bikes clip at 10 fps on a stream added for them."""
     try:
-        events = stream_events_from_the_start(
+        return stream_events_from_the_start(
             peers.base, {"name": "trk", "url": f"{peers.rtsp}/cam", "fps": 10}, 60)
     finally:
         call("DELETE", f"{peers.base}/v1/streams/trk")
+
+
+def test_track_ids_agree_with_roboflow_bytetrack_on_the_same_detections(tracked_stream):
+    compare = load_compare()
+    events = tracked_stream
     frames = [{"detections": [{"class_id": d["class_id"], "score": d["score"], "box": d["box"]}
                               for d in e["detections"]]} for e in events]
     ours = [[d.get("track_id") for d in e["detections"]] for e in events]
@@ -85,6 +92,39 @@ def test_track_ids_agree_with_roboflow_bytetrack_on_the_same_detections(peers):
     result = compare.compare(frames, truth, ours)
     print("tracking vs trackers.ByteTrackTracker:", result)
     assert result["idf1"] >= 0.9, result
+
+
+def zones_compare(*args):
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "zones-compare.py"), *map(str, args)],
+                         capture_output=True, text=True, timeout=120)
+    return run.returncode, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("source", ["synthetic", "server tracks"])
+def test_zones_and_lines_agree_with_supervision(tracked_stream, tmp_path, source):
+    """crates/zones (its zones_jsonl example, which `cargo test` builds) against
+    supervision's PolygonZone and LineZone, hysteresis off: the same memberships, crossings
+    and counts, on random walks with jitter and on the server's own tracks of the clip."""
+    example = ROOT / "target" / "debug" / "examples" / "zones_jsonl"
+    assert example.exists(), "cargo test builds crates/zones' examples"
+    if source == "synthetic":
+        code, out = zones_compare("synth", tmp_path, "--seed", 3, "--frames", 400, "--objects", 40)
+        assert code == 0, out
+    else:
+        (tmp_path / "definition.json").write_text(json.dumps({
+            "frame": [640, 272], "anchor": "bottom_center", "hysteresis": {"frames": 1, "margin_px": 0},
+            "zones": [{"name": "left", "points": [[0, 0], [0.5, 0], [0.5, 1], [0, 1]], "units": "normalized",
+                       "classes": None, "loiter_s": None}],
+            "lines": [{"name": "middle", "start": [320, 0], "end": [320, 272], "units": "pixels", "classes": None},
+                      {"name": "low", "start": [0, 200], "end": [640, 200], "units": "pixels", "classes": None}]}))
+        with open(tmp_path / "tracks.jsonl", "w") as f:
+            for n, e in enumerate(tracked_stream):
+                objects = [{"track_id": d["track_id"], "class_id": d["class_id"], "bbox": d["box"]}
+                           for d in e["detections"] if "track_id" in d]
+                f.write(json.dumps({"frame": n, "pts_ms": e["pts_seconds"] * 1000, "objects": objects}) + "\n")
+    code, out = zones_compare("compare", tmp_path / "definition.json", tmp_path / "tracks.jsonl", "--bin", example)
+    print(out)
+    assert code == 0, out
 
 
 def test_object_events_are_stored_paged_and_have_snapshots(peers):
