@@ -9,12 +9,15 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
 use peregrine_vision::{decode_image_with, DecodeLimits, DecodeOptions, ImageView, LetterboxCanvas};
 use serde::Serialize;
+
+use crate::provider_args::GpuJpegColour;
 
 #[derive(Debug, Args)]
 pub struct DecodeBenchArgs {
@@ -50,6 +53,10 @@ pub struct DecodeBenchArgs {
     /// images per call; each of `--threads` runs its own decoder. 0: on the CPU.
     #[arg(long, env = "PEREGRINE_BENCH_GPU_BATCH", default_value_t = 0)]
     pub gpu_batch: usize,
+    /// With `--gpu-batch`: who converts nvJPEG's output to RGB, as `serve --gpu-jpeg-colour`
+    /// (exact: libjpeg-turbo's arithmetic in our kernel; nvjpeg: nvJPEG's own RGB).
+    #[arg(long, env = "PEREGRINE_GPU_JPEG_COLOUR", value_enum, default_value_t = GpuJpegColour::Exact)]
+    pub gpu_jpeg_colour: GpuJpegColour,
     /// With `--gpu-batch`: print the GPU's canvases' differences from the CPU's over the
     /// images (stage by stage, both colour conversions) and skip the timing.
     #[arg(long, env = "PEREGRINE_BENCH_PARITY_ONLY", default_value_t = false, action = clap::ArgAction::Set)]
@@ -110,6 +117,15 @@ fn read_images(args: &[String]) -> Result<Vec<(PathBuf, Vec<u8>)>> {
     Ok(files)
 }
 
+/// What every decode thread shares: the start line, the stop flag and the image count.
+pub(crate) struct Race<'a> {
+    /// Passed by every thread once it is set up, and by the timer: setup (a GPU decoder's
+    /// kernels and nvJPEG handle) is not timed.
+    pub start: &'a Barrier,
+    pub stop: &'a AtomicBool,
+    pub done: &'a AtomicU64,
+}
+
 /// One CPU decoder thread: decode and letterbox images in turn, from image `first` on,
 /// as the server's decode pool does, until `stop`.
 fn cpu_decoder(
@@ -118,9 +134,10 @@ fn cpu_decoder(
     fit: Option<(usize, usize)>,
     imgsz: usize,
     first: usize,
-    stop: &AtomicBool,
-    done: &AtomicU64,
+    race: Race<'_>,
 ) -> Result<()> {
+    let Race { start, stop, done } = race;
+    start.wait();
     let mut canvas = LetterboxCanvas::new();
     let mut out = Vec::new();
     let mut buffer = Vec::new();
@@ -171,21 +188,36 @@ pub fn run(args: DecodeBenchArgs) -> Result<ExitCode> {
     for &threads in &args.threads {
         let stop = AtomicBool::new(false);
         let done = AtomicU64::new(0);
-        let (user0, sys0) = cpu_times()?;
-        let start = Instant::now();
+        let barrier = Barrier::new(threads + 1);
+        let mut cpu0 = (Duration::ZERO, Duration::ZERO);
+        let mut start = Instant::now();
         std::thread::scope(|scope| -> Result<()> {
             let workers: Vec<_> = (0..threads)
                 .map(|t| {
-                    let (images, stop, done) = (&images, &stop, &done);
+                    let images = &images;
+                    let race = Race {
+                        start: &barrier,
+                        stop: &stop,
+                        done: &done,
+                    };
                     if args.gpu_batch > 0 {
-                        let (batch, imgsz, device) = (args.gpu_batch, args.imgsz, args.device_id);
-                        return scope
-                            .spawn(move || gpu::run_decoder(images, batch, imgsz, device, t, stop, done));
+                        let gpu = gpu::GpuRun {
+                            batch: args.gpu_batch,
+                            imgsz: args.imgsz,
+                            device: args.device_id,
+                            conversion: args.gpu_jpeg_colour.into(),
+                        };
+                        return scope.spawn(move || gpu.run_decoder(images, t, race));
                     }
                     let (reuse, imgsz) = (args.reuse_buffers, args.imgsz);
-                    scope.spawn(move || cpu_decoder(images, reuse, fit, imgsz, t, stop, done))
+                    scope.spawn(move || cpu_decoder(images, reuse, fit, imgsz, t, race))
                 })
                 .collect();
+            // Every thread reaches the line, its setup failed or not (the error comes back
+            // from its join).
+            barrier.wait();
+            cpu0 = cpu_times()?;
+            start = Instant::now();
             std::thread::sleep(Duration::from_secs_f64(args.seconds));
             stop.store(true, Ordering::Relaxed);
             for w in workers {
@@ -195,6 +227,7 @@ pub fn run(args: DecodeBenchArgs) -> Result<ExitCode> {
         })?;
         let elapsed = start.elapsed().as_secs_f64();
         let (user1, sys1) = cpu_times()?;
+        let (user0, sys0) = cpu0;
         let n = done.load(Ordering::Relaxed).max(1);
         let per = |d: Duration| d.as_secs_f64() * 1e3 / n as f64;
         let f = DecodeFigures {

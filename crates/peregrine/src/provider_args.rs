@@ -75,9 +75,8 @@ pub struct ProviderArgs {
     pub gpu_jpeg_decode: bool,
     /// With --gpu-jpeg-decode, who turns nvJPEG's planes into RGB: `exact` runs
     /// libjpeg-turbo's chroma upsampling and colour tables on the GPU (the CPU path's
-    /// pixels, so Ultralytics' detections); `nvjpeg` takes nvJPEG's own RGB, which decodes
-    /// about three times faster on an H200 today but moves pixels and so detections
-    /// (docs/benchmarks.md).
+    /// pixels, so Ultralytics' detections); `nvjpeg` takes nvJPEG's own RGB, which moves
+    /// pixels and so detections, at the same speed on an H200 (docs/benchmarks.md).
     #[arg(long, env = "PEREGRINE_GPU_JPEG_COLOUR", value_enum, default_value_t = GpuJpegColour::Exact)]
     pub gpu_jpeg_colour: GpuJpegColour,
 }

@@ -69,6 +69,9 @@ pub(crate) struct Api {
         *mut c_int,
     ) -> c_int,
     pub nvjpeg_decode_batched_initialize: unsafe extern "C" fn(Handle, Handle, c_int, c_int, c_int) -> c_int,
+    #[allow(clippy::type_complexity)]
+    pub nvjpeg_decode_batched_pre_allocate:
+        unsafe extern "C" fn(Handle, Handle, c_int, c_int, c_int, c_int, c_int) -> c_int,
     pub nvjpeg_decode_batched: unsafe extern "C" fn(
         Handle,
         Handle,
@@ -164,6 +167,7 @@ impl Api {
             nvjpeg_jpeg_state_destroy: sym!(nvjpeg, "nvjpegJpegStateDestroy"),
             nvjpeg_get_image_info: sym!(nvjpeg, "nvjpegGetImageInfo"),
             nvjpeg_decode_batched_initialize: sym!(nvjpeg, "nvjpegDecodeBatchedInitialize"),
+            nvjpeg_decode_batched_pre_allocate: sym!(nvjpeg, "nvjpegDecodeBatchedPreAllocate"),
             nvjpeg_decode_batched: sym!(nvjpeg, "nvjpegDecodeBatched"),
             cu_init: sym!(driver, "cuInit"),
             cu_get_error_string: sym!(driver, "cuGetErrorString"),

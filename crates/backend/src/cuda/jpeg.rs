@@ -10,6 +10,7 @@ use std::ffi::{c_int, c_void};
 
 use peregrine_vision::jpeg_planes::{DecodedPlanes, YccToRgb};
 
+use super::batched::BatchedStates;
 use super::ffi::{Handle, NvjpegImage};
 use super::kernel::{DevicePlanes, ImageKernels};
 pub use super::planes::JpegInfo;
@@ -30,8 +31,8 @@ pub enum ColourConversion {
     #[default]
     LibjpegTurbo,
     /// nvJPEG's own (interleaved RGB output): its chroma upsampling and rounding differ
-    /// from libjpeg-turbo's, but it decodes about three times faster on an H200 today
-    /// (docs/benchmarks.md). `--gpu-jpeg-colour nvjpeg`, and for comparison in
+    /// from libjpeg-turbo's; as fast as the exact path since both pre-allocate nvJPEG's
+    /// buffers (docs/benchmarks.md). `--gpu-jpeg-colour nvjpeg`, and for comparison in
     /// `peregrine bench-decode`.
     Nvjpeg,
 }
@@ -86,7 +87,8 @@ pub struct JpegSlot<'a> {
 
 pub struct GpuJpegDecoder {
     handle: Handle,
-    state: Handle,
+    /// nvJPEG's batched states, by batch size, with room pre-allocated.
+    batched: BatchedStates,
     hardware: bool,
     stream: Stream,
     kernels: ImageKernels,
@@ -101,24 +103,21 @@ pub struct GpuJpegDecoder {
     decoded: Vec<DeviceBuffer>,
     /// RGB converted from the planes, for images that are then resized.
     rgb: Vec<DeviceBuffer>,
-    /// The batch size and output format nvJPEG's batched state was last initialised for.
-    initialized_for: (usize, c_int),
     /// The planar output asked of nvJPEG: YUV, or the same planes as "unchanged" where a
     /// backend refuses YUV.
     planar_format: c_int,
 }
 
-// SAFETY: the nvJPEG handle and state are owned by this value and used through `&mut self`.
+// SAFETY: the nvJPEG handle and states are owned by this value and used through `&mut self`.
 unsafe impl Send for GpuJpegDecoder {}
 
 impl Drop for GpuJpegDecoder {
     fn drop(&mut self) {
         if let Ok(api) = api() {
-            // SAFETY: both were created in `new` and are destroyed once.
-            unsafe {
-                (api.nvjpeg_jpeg_state_destroy)(self.state);
-                (api.nvjpeg_destroy)(self.handle);
-            }
+            // The states before their handle.
+            self.batched.destroy(api);
+            // SAFETY: created in `new`, destroyed once.
+            unsafe { (api.nvjpeg_destroy)(self.handle) };
         }
     }
 }
@@ -149,15 +148,6 @@ impl GpuJpegDecoder {
                 (api.nvjpeg_create_ex)(NVJPEG_BACKEND_DEFAULT, null, null, 0, &mut handle)
             })?;
         }
-        let mut state: Handle = std::ptr::null_mut();
-        // SAFETY: writes a state for `handle`.
-        if let Err(e) = nvjpeg_check("nvjpegJpegStateCreate", unsafe {
-            (api.nvjpeg_jpeg_state_create)(handle, &mut state)
-        }) {
-            // SAFETY: destroy what was created.
-            unsafe { (api.nvjpeg_destroy)(handle) };
-            return Err(e);
-        }
         let stream = super::create_stream()?;
         let attr = |a: c_int| -> Result<c_int, CudaError> {
             let mut v = 0;
@@ -172,7 +162,7 @@ impl GpuJpegDecoder {
         let colour_tables = upload_colour_tables(&stream)?;
         Ok(Self {
             handle,
-            state,
+            batched: BatchedStates::new(),
             hardware,
             stream,
             kernels,
@@ -182,7 +172,6 @@ impl GpuJpegDecoder {
             tables: DeviceBuffer::new(0)?,
             decoded: Vec::new(),
             rgb: Vec::new(),
-            initialized_for: (0, 0),
             planar_format: NVJPEG_OUTPUT_YUV,
         })
     }
@@ -277,7 +266,11 @@ impl GpuJpegDecoder {
             ColourConversion::LibjpegTurbo => self.planar_format,
             ColourConversion::Nvjpeg => NVJPEG_OUTPUT_RGBI,
         };
-        match self.decode_batched(images, &mut outputs, format) {
+        let sizes: Vec<(usize, usize)> = decoded
+            .iter()
+            .map(|(info, _)| (info.width, info.height))
+            .collect();
+        match self.decode_batched(images, &sizes, &mut outputs, format) {
             // Invalid parameter, not supported, implementation not supported: ask for the
             // same planes as they are coded instead (3-component JPEGs are coded as Y, Cb,
             // Cr at their own resolutions; gray as Y).
@@ -287,7 +280,7 @@ impl GpuJpegDecoder {
                     "nvJPEG refused planar YUV output; asking for the planes unchanged"
                 );
                 self.planar_format = NVJPEG_OUTPUT_UNCHANGED;
-                self.decode_batched(images, &mut outputs, NVJPEG_OUTPUT_UNCHANGED)
+                self.decode_batched(images, &sizes, &mut outputs, NVJPEG_OUTPUT_UNCHANGED)
             }
             other => other,
         }
@@ -300,41 +293,13 @@ impl GpuJpegDecoder {
     fn decode_batched(
         &mut self,
         images: &[&[u8]],
+        sizes: &[(usize, usize)],
         outputs: &mut [NvjpegImage],
         format: c_int,
     ) -> Result<(), c_int> {
         let api = api().map_err(|_| 1)?;
-        let n = images.len();
-        if self.initialized_for != (n, format) {
-            // SAFETY: re-initialises the batched state for `n` images in `format`.
-            let status = unsafe {
-                (api.nvjpeg_decode_batched_initialize)(self.handle, self.state, n as c_int, 1, format)
-            };
-            if status != 0 {
-                self.initialized_for = (0, 0);
-                return Err(status);
-            }
-            self.initialized_for = (n, format);
-        }
-        let lengths: Vec<usize> = images.iter().map(|d| d.len()).collect();
-        let data: Vec<*const u8> = images.iter().map(|d| d.as_ptr()).collect();
-        // SAFETY: `data`/`lengths` describe `n` live JPEGs; each output buffer holds its
-        // image at the pitches given.
-        let status = unsafe {
-            (api.nvjpeg_decode_batched)(
-                self.handle,
-                self.state,
-                data.as_ptr(),
-                lengths.as_ptr(),
-                outputs.as_mut_ptr(),
-                self.stream.0,
-            )
-        };
-        if status == 0 {
-            Ok(())
-        } else {
-            Err(status)
-        }
+        self.batched
+            .decode(api, self.handle, images, sizes, outputs, format, &self.stream)
     }
 
     /// Decodes `images` and copies nvJPEG's planes back, before any upsampling or colour

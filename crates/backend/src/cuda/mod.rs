@@ -6,6 +6,7 @@
 //! there) or `/usr/local/cuda/lib64`, newest major version first. A missing library or
 //! symbol is an error that names it.
 
+mod batched;
 mod ffi;
 pub mod jpeg;
 mod kernel;

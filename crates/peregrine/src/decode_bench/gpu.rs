@@ -1,12 +1,14 @@
 //! Image preparation on the GPU: nvJPEG and the image kernels through
 //! `peregrine_backend::cuda`, as `serve --gpu-jpeg-decode` runs them.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use anyhow::Result;
-use peregrine_backend::cuda::jpeg::{GpuJpegDecoder, JpegSlot};
+use peregrine_backend::cuda::jpeg::{ColourConversion, GpuJpegDecoder, JpegSlot};
 use peregrine_backend::cuda::{self, CopyKind, DeviceBuffer};
 use peregrine_vision::{resample_tables, Letterbox};
+
+use super::Race;
 
 /// Each image's geometry and resampling tables, as the engine builds them.
 pub(super) struct Prepared {
@@ -60,28 +62,43 @@ pub(super) fn slots<'a>(
         .collect()
 }
 
-pub fn run_decoder(
-    images: &[Vec<u8>],
-    batch: usize,
-    imgsz: usize,
-    device: i32,
-    thread: usize,
-    stop: &AtomicBool,
-    done: &AtomicU64,
-) -> Result<()> {
-    let mut decoder = GpuJpegDecoder::new(device)?;
-    let canvas = DeviceBuffer::new(batch * imgsz * imgsz * 3)?;
-    // Tables are built once here; the engine builds them per batch (microseconds).
-    let prepared = prepare(&decoder, images, imgsz)?;
-    let mut first = thread * batch;
-    while !stop.load(Ordering::Relaxed) {
-        let slots = slots(images, &prepared, first, batch);
-        // SAFETY: `canvas` holds `batch` canvases on this device and only this call writes it.
-        unsafe { decoder.letterbox_into(&slots, canvas.ptr().cast(), imgsz, imgsz) }?;
-        done.fetch_add(batch as u64, Ordering::Relaxed);
-        first += batch;
+/// One GPU decoder thread's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct GpuRun {
+    /// Images per decode call.
+    pub batch: usize,
+    pub imgsz: usize,
+    pub device: i32,
+    pub conversion: ColourConversion,
+}
+
+impl GpuRun {
+    /// Decodes and letterboxes `images` in batches, from image `thread * batch` on, with a
+    /// decoder of its own, from the start line until `stop`.
+    pub fn run_decoder(self, images: &[Vec<u8>], thread: usize, race: Race<'_>) -> Result<()> {
+        let Race { start, stop, done } = race;
+        let (batch, imgsz) = (self.batch, self.imgsz);
+        let setup = || -> Result<_> {
+            let decoder = GpuJpegDecoder::with_conversion(self.device, self.conversion)?;
+            let canvas = DeviceBuffer::new(batch * imgsz * imgsz * 3)?;
+            // Tables are built once here; the engine builds them per batch (microseconds).
+            let prepared = prepare(&decoder, images, imgsz)?;
+            Ok((decoder, canvas, prepared))
+        };
+        let setup = setup();
+        // Failed or not, the others wait for this thread at the line.
+        start.wait();
+        let (mut decoder, canvas, prepared) = setup?;
+        let mut first = thread * batch;
+        while !stop.load(Ordering::Relaxed) {
+            let slots = slots(images, &prepared, first, batch);
+            // SAFETY: `canvas` holds `batch` canvases on this device and only this call writes it.
+            unsafe { decoder.letterbox_into(&slots, canvas.ptr().cast(), imgsz, imgsz) }?;
+            done.fetch_add(batch as u64, Ordering::Relaxed);
+            first += batch;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Letterboxes `images` on the GPU, all in one decode call, and copies their canvases back
