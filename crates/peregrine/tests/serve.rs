@@ -313,8 +313,11 @@ async fn an_expired_deadline_gets_504_and_no_inference() {
                 ("peregrine_inferred_images_total", ""),
                 ("peregrine_queue_dropped_total", "reason=\"expired\""),
                 ("peregrine_deadline_exceeded_total", "stage=\"queued\""),
+                // The handler's own timer may win the race with the queue's: it answers 504
+                // and lets go, and the queue then drops the entry as abandoned.
+                ("peregrine_queue_dropped_total", "reason=\"abandoned\""),
             ],
-            |v| v[0] + v[1] >= 4.0 + v[2],
+            |v| v[0] + v[1] + v[3] >= 4.0 + v[2],
         )
         .await;
     assert_eq!(settled[0], 4.0, "inferred images");
