@@ -241,7 +241,7 @@ impl AnalyticsConfig {
                 margin_px: self.hysteresis_px,
             },
         };
-        resolved.check(None)?;
+        resolved.build_zones(None)?;
         Ok(resolved)
     }
 }
@@ -301,10 +301,6 @@ impl ResolvedAnalytics {
             frame.unwrap_or(UNKNOWN_FRAME),
         )
         .map_err(|e| e.to_string())
-    }
-
-    pub fn check(&self, frame: Option<(u32, u32)>) -> Result<(), String> {
-        self.build_zones(frame).map(|_| ())
     }
 
     pub fn tracks_class(&self, class_id: u32) -> bool {

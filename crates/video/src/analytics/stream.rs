@@ -46,7 +46,8 @@ pub(crate) struct StreamAnalytics {
     tracker: Tracker,
     /// Built at the first frame, when the frame's size is known (pixel zones need it), and
     /// again if the size changes.
-    zones: Option<(Analytics, (u32, u32))>,
+    zones: Option<Analytics>,
+    /// The size of the stream's frames, once one has been seen.
     frame_size: Option<(u32, u32)>,
     notes: HashMap<u64, TrackNotes>,
     /// PTS of the last frame: a stream whose clock jumps back (a reconnect) starts over.
@@ -95,7 +96,7 @@ impl StreamAnalytics {
     }
 
     pub fn zones(&self) -> Option<&Analytics> {
-        self.zones.as_ref().map(|(a, _)| a)
+        self.zones.as_ref()
     }
 
     pub fn error(&self) -> Option<&str> {
@@ -153,14 +154,16 @@ impl StreamAnalytics {
             config.lines = l;
         }
         let settings = config.resolve(&self.names)?;
-        settings.check(self.frame_size)?;
+        // Built once here, against the frame size when one is known (`resolve` checked
+        // what it could without one).
+        let zones = match self.frame_size {
+            Some(size) if settings.has_places() => Some(settings.build_zones(Some(size))?),
+            _ => None,
+        };
         self.config = config;
         self.settings = Some(settings);
         self.error = None;
-        self.zones = None;
-        if let Some(size) = self.frame_size {
-            self.rebuild_zones(size);
-        }
+        self.zones = zones;
         Ok(())
     }
 
@@ -171,7 +174,7 @@ impl StreamAnalytics {
             return;
         }
         match settings.build_zones(Some(size)) {
-            Ok(a) => self.zones = Some((a, size)),
+            Ok(a) => self.zones = Some(a),
             Err(e) => {
                 tracing::warn!(error = %e, "zones do not fit the stream's frames; zone events are off");
                 self.error = Some(e);
@@ -269,7 +272,7 @@ impl StreamAnalytics {
         at: Duration,
         snapshots: &mut dyn SnapshotSource,
     ) -> Vec<ObjectEvent> {
-        let Some((zones, _)) = &mut self.zones else {
+        let Some(zones) = &mut self.zones else {
             return Vec::new();
         };
         let tracked = || {
@@ -315,7 +318,7 @@ impl StreamAnalytics {
         };
         let notes = self.notes.remove(&track.id.0);
         let exits = match &mut self.zones {
-            Some((zones, _)) => zones.forget(track.id.0, track.last_seen),
+            Some(zones) => zones.forget(track.id.0, track.last_seen),
             None => Vec::new(),
         };
         let mut out: Vec<ObjectEvent> = exits

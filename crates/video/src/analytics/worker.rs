@@ -86,10 +86,7 @@ fn run(mut rx: mpsc::Receiver<StageMessage>, mut analytics: StreamAnalytics, pub
                 };
                 let objects = analytics.observe(&mut event, &mut source);
                 let event = publisher.publish(event);
-                for object in objects {
-                    report::object_event(&object);
-                    publisher.publish_object(object);
-                }
+                publish_objects(&publisher, objects);
                 if let Some(zones) = analytics.zones() {
                     gauges.update(&event.stream, zones, analytics.names());
                 }
@@ -116,7 +113,12 @@ fn run(mut rx: mpsc::Receiver<StageMessage>, mut analytics: StreamAnalytics, pub
         }
     }
     drop(latest);
-    for object in analytics.finish() {
+    publish_objects(&publisher, analytics.finish());
+}
+
+/// Counts each object event and publishes it.
+fn publish_objects(publisher: &StreamPublisher, objects: Vec<crate::event::ObjectEvent>) {
+    for object in objects {
         report::object_event(&object);
         publisher.publish_object(object);
     }
