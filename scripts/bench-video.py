@@ -8,7 +8,7 @@ stream per second, frames dropped, and the glass-to-result latency (capture to r
 published). A count keeps up when every stream gets at least 95% of its target rate.
 
     scripts/bench-video.py --bin target/release/peregrine --clip ../shared/videos/bigbuckbunny.mp4 \\
-        --fps 5 --streams 2,3,4 [--seconds 15] [-- extra serve flags]
+        --fps 5 --streams 2,3,4 [--seconds 15] [--no-tracking] [-- extra serve flags]
 
 Standard library only, so it runs wherever the binary does.
 """
@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--streams", required=True, help="comma-separated counts, ascending")
     ap.add_argument("--seconds", type=float, default=15)
     ap.add_argument("--settle", type=float, default=5)
+    ap.add_argument("--no-tracking", action="store_true",
+                    help="streams without analytics (no tracker, zones or events), to price them")
     ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
     target = a.fps if a.fps > 0 else CLIP_FPS
@@ -112,6 +114,8 @@ def main():
                         "staleness_ms": 1000, "frame_pool": 6}
                 if a.fps > 0:
                     body["fps"] = a.fps
+                if a.no_tracking:
+                    body["analytics"] = {"tracking": False}
                 post(base, body)
             time.sleep(a.settle)
             c0, b0 = metrics(base)

@@ -31,6 +31,7 @@ mod health;
 mod kserve;
 mod live;
 mod streams;
+pub mod tls;
 mod wire;
 
 use std::sync::Arc;

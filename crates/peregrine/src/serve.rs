@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use futures_util::FutureExt as _;
 use peregrine_api::drain::Drain;
+use peregrine_api::grpc::GrpcListener;
+use peregrine_api::tls::TlsListener;
 use peregrine_api::{ApiConfig, AppState};
 use peregrine_eventstore::EventStore;
 use peregrine_registry::{
@@ -114,26 +117,50 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         metrics,
         drain: drain.clone(),
     };
-    let (listener, grpc_listener) = listen(&s).await?;
+    let tls = s.tls.start()?;
+    let (listener, grpc_listener) = listen(&s, tls.is_some()).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let failed_start = Arc::new(AtomicBool::new(false));
     spawn_shutdown_triggers(&registry, &drain, &streams, stop_tx, &stop_rx, &failed_start);
     // The listeners stay open while draining, so that load balancers see the 503s and
     // NOT_SERVING, and close once the last admitted request is answered.
-    let grpc = grpc_listener.map(|l| {
-        let drain = drain.clone();
-        let shutdown = async move { drain.finished().await };
-        tokio::spawn(peregrine_api::grpc::serve(l, state.clone(), shutdown))
-    });
-    // Small responses go out at once rather than waiting on a delayed ACK (Nagle).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let server = axum::serve(listener, peregrine_api::router(state)).with_graceful_shutdown(async move {
-        drain.finished().await;
-        tracing::info!("every admitted request is answered; closing the listeners");
-    });
+    let grpc = match grpc_listener {
+        None => None,
+        Some(tcp) => {
+            let listener = match &tls {
+                None => GrpcListener::Plain(tcp),
+                Some(tls) => {
+                    GrpcListener::Tls(TlsListener::new(tcp, tls.grpc.clone(), tls.handshake_timeout)?)
+                }
+            };
+            let drain = drain.clone();
+            let shutdown = async move { drain.finished().await };
+            Some(tokio::spawn(peregrine_api::grpc::serve(
+                listener,
+                state.clone(),
+                shutdown,
+            )))
+        }
+    };
+    let router = peregrine_api::router(state);
+    let server = match &tls {
+        // Small responses go out at once rather than waiting on a delayed ACK (Nagle).
+        None => serve_http(
+            axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            }),
+            router,
+            drain,
+        )
+        .boxed(),
+        Some(tls) => serve_http(
+            TlsListener::new(listener, tls.http.clone(), tls.handshake_timeout)?,
+            router,
+            drain,
+        )
+        .boxed(),
+    };
     let both = async move {
         server.await.context("serving HTTP")?;
         if let Some(grpc) = grpc {
@@ -162,6 +189,20 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
     // The sinks flush what the stopped streams left (MQTT then says `offline`).
     sinks.shut_down().await;
     outcome
+}
+
+/// Serves HTTP on `listener` until the drain has answered every admitted request.
+async fn serve_http<L>(listener: L, router: axum::Router, drain: Arc<Drain>) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            drain.finished().await;
+            tracing::info!("every admitted request is answered; closing the listeners");
+        })
+        .await
 }
 
 /// Every sink of the video streams: the configured ones and the event store's.
@@ -205,17 +246,21 @@ async fn start_video(
 }
 
 /// The HTTP listener and, unless gRPC is off, the gRPC one.
-async fn listen(s: &ServeSettings) -> Result<(tokio::net::TcpListener, Option<tokio::net::TcpListener>)> {
+async fn listen(
+    s: &ServeSettings,
+    tls: bool,
+) -> Result<(tokio::net::TcpListener, Option<tokio::net::TcpListener>)> {
     let listener = bind(&s.host, s.port, "HTTP").await?;
     let local = listener.local_addr()?;
-    tracing::info!(address = %local, "HTTP listening");
+    let scheme = if tls { "https" } else { "http" };
+    tracing::info!(address = %local, tls, "HTTP listening");
     // Tests and scripts read these lines to learn the ports when started with port 0.
-    eprintln!("peregrine: listening on http://{local}");
+    eprintln!("peregrine: listening on {scheme}://{local}");
     let grpc_listener = match s.allow_grpc {
         true => {
             let l = bind(&s.host, s.grpc_port, "gRPC").await?;
             let grpc_local = l.local_addr()?;
-            tracing::info!(address = %grpc_local, "gRPC listening");
+            tracing::info!(address = %grpc_local, tls, "gRPC listening");
             eprintln!("peregrine: gRPC listening on {grpc_local}");
             Some(l)
         }

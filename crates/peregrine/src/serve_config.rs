@@ -59,6 +59,8 @@ pub struct ServeSettings {
     pub webhooks: Vec<peregrine_video::WebhookConfig>,
     /// Where object events and snapshots are kept (`[events]`).
     pub events: crate::events_config::EventsSettings,
+    /// HTTPS and gRPC over TLS (`[tls]`).
+    pub tls: crate::tls_config::TlsSettings,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -111,6 +113,7 @@ impl Default for ServeSettings {
             mqtt: None,
             webhooks: Vec::new(),
             events: Default::default(),
+            tls: Default::default(),
             provider: Default::default(),
         }
     }
@@ -259,6 +262,8 @@ pub struct ServeArgs {
     pub provider: crate::provider_args::ProviderArgs,
     #[command(flatten)]
     pub events: crate::events_config::EventsArgs,
+    #[command(flatten)]
+    pub tls: crate::tls_config::TlsArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -272,6 +277,7 @@ impl ServeArgs {
     pub fn resolve(mut self) -> Result<ServeSettings> {
         let provider = std::mem::take(&mut self.provider);
         let events = std::mem::take(&mut self.events);
+        let tls = std::mem::take(&mut self.tls);
         let mut s = match &self.config {
             Some(p) => read_file(p)?,
             None => ServeSettings::default(),
@@ -323,6 +329,7 @@ impl ServeArgs {
         );
         s.provider = provider;
         events.apply(&mut s.events);
+        tls.apply(&mut s.tls);
         s.validate()?;
         Ok(s)
     }
@@ -331,6 +338,7 @@ impl ServeArgs {
 impl ServeSettings {
     fn validate(&self) -> Result<()> {
         self.events.validate()?;
+        self.tls.validate()?;
         let positive = [
             ("instances", self.instances),
             ("max_batch", self.max_batch),

@@ -350,10 +350,16 @@ async fn report_health(reporter: &tonic_health::server::HealthReporter, ready: b
     }
 }
 
+/// Where the gRPC server's connections come from.
+pub enum GrpcListener {
+    Plain(tokio::net::TcpListener),
+    Tls(crate::tls::TlsListener),
+}
+
 /// Serves the inference and health services on `listener` until `shutdown` resolves.
 /// Health reports SERVING while the server is ready and not draining.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    listener: GrpcListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
@@ -373,16 +379,25 @@ pub async fn serve(
             }
         }
     });
-    let incoming = incoming_without_nagle(listener);
     // HTTP/2's default 64 KiB flow-control window makes a 1.2 MB image tensor wait for a
     // dozen window updates; large windows let a request arrive in one round trip.
-    let outcome = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(32 << 20))
         .add_service(health)
-        .add_service(InferenceService::new(state).into_server())
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+        .add_service(InferenceService::new(state).into_server());
+    let outcome = match listener {
+        GrpcListener::Plain(tcp) => {
+            router
+                .serve_with_incoming_shutdown(incoming_without_nagle(tcp), shutdown)
+                .await
+        }
+        GrpcListener::Tls(tls) => {
+            router
+                .serve_with_incoming_shutdown(tls.into_grpc_incoming(), shutdown)
+                .await
+        }
+    };
     watcher.abort();
     outcome
 }
