@@ -36,6 +36,7 @@ mod frame;
 mod latest;
 mod manager;
 mod sampling;
+mod shard;
 mod sinks;
 mod source;
 mod supervisor;
@@ -59,6 +60,7 @@ pub use manager::{
     ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamReport, StreamSummary,
 };
 pub use peregrine_types::{ManualWallClock, SystemWallClock, WallClock};
+pub use shard::{rendezvous_owner, shard_weight, ShardAssignment, ShardError, ShardPlacement, SkippedStream};
 pub use sinks::mqtt::{MqttConfig, MqttSink, MqttStats};
 pub use sinks::store::StoreSink;
 pub use sinks::webhook::{WebhookConfig, WebhookSink, WebhookStats};
