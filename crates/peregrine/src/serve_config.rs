@@ -59,6 +59,8 @@ pub struct ServeSettings {
     pub webhooks: Vec<peregrine_video::WebhookConfig>,
     /// Where object events and snapshots are kept (`[events]`).
     pub events: crate::events_config::EventsSettings,
+    /// Which of the configured streams this server runs (`[shard]`).
+    pub shard: crate::shard_config::ShardSettings,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -111,6 +113,7 @@ impl Default for ServeSettings {
             mqtt: None,
             webhooks: Vec::new(),
             events: Default::default(),
+            shard: Default::default(),
             provider: Default::default(),
         }
     }
@@ -259,6 +262,8 @@ pub struct ServeArgs {
     pub provider: crate::provider_args::ProviderArgs,
     #[command(flatten)]
     pub events: crate::events_config::EventsArgs,
+    #[command(flatten)]
+    pub shard: crate::shard_config::ShardArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -323,6 +328,7 @@ impl ServeArgs {
         );
         s.provider = provider;
         events.apply(&mut s.events);
+        std::mem::take(&mut self.shard).apply(&mut s.shard);
         s.validate()?;
         Ok(s)
     }
@@ -331,6 +337,7 @@ impl ServeArgs {
 impl ServeSettings {
     fn validate(&self) -> Result<()> {
         self.events.validate()?;
+        self.shard.assignment()?;
         let positive = [
             ("instances", self.instances),
             ("max_batch", self.max_batch),
