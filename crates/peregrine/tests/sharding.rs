@@ -259,7 +259,10 @@ async fn three_shards_run_every_stream_once_and_a_fourth_takes_only_its_share() 
 #[test]
 fn impossible_shard_settings_stop_the_start_with_what_is_wrong() {
     let cases: [(&[&str], &str); 3] = [
-        (&["--shard-index", "3", "--shard-count", "3"], "indexes are 0 to 2"),
+        (
+            &["--shard-index", "3", "--shard-count", "3"],
+            "indexes are 0 to 2",
+        ),
         (&["--shard-count", "0"], "at least 1"),
         (
             &["--shard-index", "1", "--shard-index-from-hostname", "true"],
