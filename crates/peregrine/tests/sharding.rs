@@ -118,6 +118,16 @@ async fn wait_streaming(server: &Server) -> Placement {
     }
 }
 
+/// Polls the server's log (read by another thread, so it may lag the response) for a
+/// line containing `text`.
+async fn wait_for_log(server: &Server, text: &str) {
+    let start = Instant::now();
+    while !server.logs.lock().unwrap().iter().any(|l| l.contains(text)) {
+        assert!(start.elapsed() < POLL_LIMIT, "no log line with {text:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Three servers start at once; the test waits for all of them together.
 fn start_shards(args: &[Vec<String>]) -> Vec<Server> {
     std::thread::scope(|scope| {
@@ -203,15 +213,7 @@ async fn three_shards_run_every_stream_once_and_a_fourth_takes_only_its_share() 
     let body: Value = refused.json().await.unwrap();
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains(&format!("shard {owner} of 3")), "{message}");
-    assert!(
-        servers[0]
-            .logs
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains("stream refused")),
-        "the refusal is logged"
-    );
+    wait_for_log(&servers[0], "stream refused").await;
 
     // A restarted server takes its own share back, and only that.
     drop(servers.remove(1));
