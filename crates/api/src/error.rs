@@ -98,6 +98,9 @@ impl ApiError {
                 ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
                 ManagerError::Config(_) | ManagerError::Places { .. } => StatusCode::BAD_REQUEST,
                 ManagerError::Start { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                // The request is fine, this server is the wrong one: the message names the
+                // right shard.
+                ManagerError::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
                 ManagerError::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
             },
         }
@@ -138,7 +141,7 @@ impl ApiError {
                 ManagerError::Duplicate(_) => Code::AlreadyExists,
                 ManagerError::NotFound(_) => Code::NotFound,
                 ManagerError::Config(_) | ManagerError::Places { .. } => Code::InvalidArgument,
-                ManagerError::Start { .. } => Code::FailedPrecondition,
+                ManagerError::Start { .. } | ManagerError::Misdirected { .. } => Code::FailedPrecondition,
                 ManagerError::ShutDown => Code::Unavailable,
             },
         }
@@ -170,6 +173,7 @@ impl ApiError {
             Self::Stream(ManagerError::Duplicate(_)) => "stream_exists",
             Self::Stream(ManagerError::NotFound(_)) => "unknown_stream",
             Self::Stream(ManagerError::Places { .. }) => "bad_zones",
+            Self::Stream(ManagerError::Misdirected { .. }) => "other_shard",
             Self::Stream(_) => "stream_error",
             Self::NotFound | Self::Missing(_) => "not_found",
             Self::EventsOff => "events_off",
@@ -271,6 +275,16 @@ mod tests {
                 422,
             ),
             (RequestError::BadTensor("short".into()).into(), 400),
+            (
+                ManagerError::Misdirected {
+                    name: "cam".into(),
+                    owner: 2,
+                    index: 0,
+                    count: 3,
+                }
+                .into(),
+                421,
+            ),
         ];
         for (e, status) in cases {
             assert_eq!(e.status().as_u16(), status, "{e}");

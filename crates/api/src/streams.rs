@@ -88,12 +88,21 @@ fn report_json(r: &StreamReport) -> Value {
     })
 }
 
-/// `GET /v1/streams`.
+/// `GET /v1/streams`: the streams this server runs, its shard, and the configured streams
+/// it left to other shards (with the index of the one that runs each).
 pub async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let streams = state.streams.list().await?;
-    Ok(Json(
-        json!({ "streams": streams.iter().map(summary_json).collect::<Vec<_>>() }),
-    ))
+    let placement = state.streams.placement();
+    let skipped: Vec<Value> = placement
+        .skipped
+        .iter()
+        .map(|s| json!({ "name": s.name, "owner": s.owner }))
+        .collect();
+    Ok(Json(json!({
+        "streams": streams.iter().map(summary_json).collect::<Vec<_>>(),
+        "shard": { "index": placement.shard.index(), "count": placement.shard.count() },
+        "skipped": skipped,
+    })))
 }
 
 /// `POST /v1/streams`: a stream definition, as in the config file's `[[streams]]`.

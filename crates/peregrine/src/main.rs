@@ -14,6 +14,7 @@ mod report;
 mod serve;
 mod serve_config;
 mod tls_config;
+mod shard_config;
 mod video;
 
 use std::process::ExitCode;

@@ -239,9 +239,19 @@ async fn start_video(
     }));
     options.sinks = configured.queues();
     options.sinks.extend(store.as_ref().map(StoreSink::queue));
+    options.shard = s.shard.assignment()?;
     let streams = StreamManager::start(options, video.streams.clone())
         .await
         .context("starting the video streams")?;
+    let placement = streams.placement();
+    if placement.shard.count() > 1 {
+        tracing::info!(
+            shard = placement.shard.index(),
+            count = placement.shard.count(),
+            skipped = placement.skipped.len(),
+            "this shard runs only its own configured streams"
+        );
+    }
     Ok((Sinks { configured, store }, streams))
 }
 

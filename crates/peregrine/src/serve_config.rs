@@ -61,6 +61,8 @@ pub struct ServeSettings {
     pub events: crate::events_config::EventsSettings,
     /// HTTPS and gRPC over TLS (`[tls]`).
     pub tls: crate::tls_config::TlsSettings,
+    /// Which of the configured streams this server runs (`[shard]`).
+    pub shard: crate::shard_config::ShardSettings,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -114,6 +116,7 @@ impl Default for ServeSettings {
             webhooks: Vec::new(),
             events: Default::default(),
             tls: Default::default(),
+            shard: Default::default(),
             provider: Default::default(),
         }
     }
@@ -264,6 +267,8 @@ pub struct ServeArgs {
     pub events: crate::events_config::EventsArgs,
     #[command(flatten)]
     pub tls: crate::tls_config::TlsArgs,
+    #[command(flatten)]
+    pub shard: crate::shard_config::ShardArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -330,6 +335,7 @@ impl ServeArgs {
         s.provider = provider;
         events.apply(&mut s.events);
         tls.apply(&mut s.tls);
+        std::mem::take(&mut self.shard).apply(&mut s.shard);
         s.validate()?;
         Ok(s)
     }
@@ -339,6 +345,7 @@ impl ServeSettings {
     fn validate(&self) -> Result<()> {
         self.events.validate()?;
         self.tls.validate()?;
+        self.shard.assignment()?;
         let positive = [
             ("instances", self.instances),
             ("max_batch", self.max_batch),

@@ -15,7 +15,8 @@
 //! time ([`clock`]: RTCP sender reports, else local receive time); [`fanout`] carries them
 //! through bounded broadcasts and to the [`sinks`] (MQTT, webhooks), each with its own
 //! bounded drop-oldest queue, so nothing downstream can stall detection. [`config`] is the
-//! TOML shape of it all and [`telemetry`] names every metric. Wall-clock readings come
+//! TOML shape of it all and [`telemetry`] names every metric. When servers share one
+//! stream list, [`shard`] says which of them runs each stream. Wall-clock readings come
 //! from the [`WallClock`] in [`ManagerOptions`], so tests can set the time of day.
 //!
 //! The modules are private: what other crates use is re-exported below, and nothing else
@@ -36,6 +37,7 @@ mod frame;
 mod latest;
 mod manager;
 mod sampling;
+mod shard;
 mod sinks;
 mod source;
 mod supervisor;
@@ -59,6 +61,7 @@ pub use manager::{
     ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamReport, StreamSummary,
 };
 pub use peregrine_types::{ManualWallClock, SystemWallClock, WallClock};
+pub use shard::{rendezvous_owner, shard_weight, ShardAssignment, ShardError, ShardPlacement, SkippedStream};
 pub use sinks::mqtt::{MqttConfig, MqttSink, MqttStats};
 pub use sinks::store::StoreSink;
 pub use sinks::webhook::{WebhookConfig, WebhookSink, WebhookStats};

@@ -27,6 +27,7 @@ use crate::event::{DetectionEvent, StreamStatus};
 use crate::fanout::{EventFanout, EventSubscription, ObjectSubscription, SinkQueue, StreamPublisher};
 use crate::frame::FramePool;
 use crate::latest::LatestSlot;
+use crate::shard::{ShardAssignment, ShardPlacement};
 use crate::source::Opener;
 use crate::supervisor::{StatusReporter, Supervisor, SupervisorConfig};
 use crate::telemetry::{CounterSnapshot, StreamCounters};
@@ -51,6 +52,14 @@ pub enum ManagerError {
     /// A zone or line definition (or its classes) is wrong; the message says what.
     #[error("stream {name:?}: {problem}")]
     Places { name: String, problem: String },
+    /// Another shard runs this stream (rendezvous hashing of its name decides).
+    #[error("stream {name:?} belongs to shard {owner} of {count}, and this server is shard {index}: send it to shard {owner}")]
+    Misdirected {
+        name: String,
+        owner: u32,
+        index: u32,
+        count: u32,
+    },
     #[error("the stream manager has shut down")]
     ShutDown,
 }
@@ -69,6 +78,9 @@ pub struct ManagerOptions {
     /// Wall-clock readings (capture times of files, publish times, "next attempt at");
     /// the system's clock unless a test sets its own.
     pub clock: Arc<dyn WallClock>,
+    /// Which of the configured streams this server runs, and which ones added at run time
+    /// it accepts: those its shard owns (one shard, the default, owns all).
+    pub shard: ShardAssignment,
 }
 
 impl ManagerOptions {
@@ -79,6 +91,7 @@ impl ManagerOptions {
             stream_events: 64,
             all_events: 256,
             clock: Arc::new(SystemWallClock),
+            shard: ShardAssignment::default(),
         }
     }
 }
@@ -145,7 +158,8 @@ enum Command {
 pub struct StreamManager;
 
 impl StreamManager {
-    /// Starts with `streams` (all validated first: one bad definition fails the start).
+    /// Starts with those of `streams` its shard owns (all validated first: one bad
+    /// definition fails the start, on every shard alike).
     pub async fn start(
         options: ManagerOptions,
         streams: Vec<StreamConfig>,
@@ -153,6 +167,8 @@ impl StreamManager {
         for s in &streams {
             s.validate()?;
         }
+        let shard = options.shard;
+        let (streams, skipped) = shard.split(streams);
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let (all, _) = broadcast::channel(options.all_events.max(1));
         let (objects, _) = broadcast::channel(options.all_events.max(1));
@@ -166,7 +182,10 @@ impl StreamManager {
             streams: BTreeMap::new(),
         };
         tokio::spawn(owner.run(rx));
-        let handle = StreamManagerHandle { commands: tx };
+        let handle = StreamManagerHandle {
+            commands: tx,
+            placement: Arc::new(ShardPlacement { shard, skipped }),
+        };
         for s in streams {
             handle.add(s).await?;
         }
@@ -178,6 +197,8 @@ impl StreamManager {
 #[derive(Clone, Debug)]
 pub struct StreamManagerHandle {
     commands: mpsc::Sender<Command>,
+    // Fixed at the start: the configured streams do not change while the server runs.
+    placement: Arc<ShardPlacement>,
 }
 
 impl StreamManagerHandle {
@@ -218,6 +239,11 @@ impl StreamManagerHandle {
     pub async fn remove(&self, name: &str) -> Result<(), ManagerError> {
         let name = name.to_string();
         self.ask(|reply| Command::Remove { name, reply }).await?
+    }
+
+    /// This server's shard, and the configured streams it left to other shards.
+    pub fn placement(&self) -> &ShardPlacement {
+        &self.placement
     }
 
     pub async fn list(&self) -> Result<Vec<StreamSummary>, ManagerError> {
@@ -372,7 +398,7 @@ impl Owner {
                         });
                     }
                     None => {
-                        let _ = reply.send(Err(ManagerError::NotFound(name)));
+                        let _ = reply.send(Err(self.missing(name)));
                     }
                 },
                 Command::List(reply) => {
@@ -399,7 +425,7 @@ impl Owner {
                             config: s.config.redacted(),
                             frames_in_use: s.pool.outstanding(),
                         })
-                        .ok_or(ManagerError::NotFound(name));
+                        .ok_or_else(|| self.missing(name));
                     let _ = reply.send(report);
                 }
                 Command::Subscribe { name, reply } => {
@@ -407,7 +433,7 @@ impl Owner {
                         None => Ok(EventSubscription::new(self.fanout.all.subscribe(), "*".into())),
                         Some(name) => match self.streams.get(&name) {
                             Some(s) => Ok(EventSubscription::new(s.events.subscribe(), name.into())),
-                            None => Err(ManagerError::NotFound(name)),
+                            None => Err(self.missing(name)),
                         },
                     };
                     let _ = reply.send(sub);
@@ -421,7 +447,7 @@ impl Owner {
                 Command::Analytics { name, reply } => {
                     let stage = match self.streams.get(&name) {
                         Some(s) => Ok(s.analytics.clone()),
-                        None => Err(ManagerError::NotFound(name)),
+                        None => Err(self.missing(name)),
                     };
                     let _ = reply.send(stage);
                 }
@@ -454,8 +480,27 @@ impl Owner {
         }
     }
 
+    /// The error for a stream this server does not run: another shard's, or none at all.
+    fn missing(&self, name: String) -> ManagerError {
+        let shard = self.options.shard;
+        match shard.claim(&name) {
+            Ok(()) => ManagerError::NotFound(name),
+            Err(owner) => ManagerError::Misdirected {
+                name,
+                owner,
+                index: shard.index(),
+                count: shard.count(),
+            },
+        }
+    }
+
     fn add(&mut self, config: StreamConfig, opener: Option<Arc<dyn Opener>>) -> Result<(), ManagerError> {
         config.validate()?;
+        if !self.options.shard.owns(&config.name) {
+            let refused = self.missing(config.name);
+            tracing::info!(error = %refused, "stream refused");
+            return Err(refused);
+        }
         if self.streams.contains_key(&config.name) {
             return Err(ManagerError::Duplicate(config.name));
         }

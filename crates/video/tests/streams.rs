@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use peregrine_video::DropReason;
 use peregrine_video::RtspTransport;
-use peregrine_video::{ClockSource, ManagerError, ManagerOptions, StreamManager, StreamStatus};
+use peregrine_video::{
+    ClockSource, ManagerError, ManagerOptions, ShardAssignment, SkippedStream, StreamManager, StreamStatus,
+};
 use support::{camera, h265_clip, instant_detector, shared_clip, RtspServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,4 +103,67 @@ async fn several_cameras_deliver_sampled_events_with_rtcp_capture_times() {
     manager.shutdown().await.unwrap();
     assert!(matches!(manager.list().await, Err(ManagerError::ShutDown)));
     assert!(all.missed() < 100);
+}
+
+/// A shard starts only the configured streams it owns, says which it left to whom, and
+/// refuses (naming the owner) a stream another shard owns, whether added or asked about.
+#[tokio::test]
+async fn a_shard_runs_only_its_own_streams() {
+    let shard = ShardAssignment::new(0, 3).unwrap();
+    let mut options = ManagerOptions::new(instant_detector());
+    options.shard = shard;
+    // Streams other shards own: nothing of theirs starts here.
+    let theirs: Vec<String> = (0..20)
+        .map(|i| format!("cam-{i}"))
+        .filter(|n| !shard.owns(n))
+        .take(4)
+        .collect();
+    let url = shared_clip("bikes.mp4").display().to_string();
+    let configured = theirs
+        .iter()
+        .map(|n| camera(n, url.clone(), RtspTransport::Tcp, None))
+        .collect();
+    let manager = StreamManager::start(options, configured).await.unwrap();
+    assert!(manager.list().await.unwrap().is_empty());
+    let placement = manager.placement();
+    assert_eq!(placement.shard, shard);
+    let expected: Vec<SkippedStream> = theirs
+        .iter()
+        .map(|n| SkippedStream {
+            name: n.clone(),
+            owner: shard.owner(n),
+        })
+        .collect();
+    assert_eq!(placement.skipped, expected);
+    let (name, owner) = (&theirs[0], shard.owner(&theirs[0]));
+    let refused = manager
+        .add(camera(name, url.clone(), RtspTransport::Tcp, None))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        ManagerError::Misdirected {
+            name: name.clone(),
+            owner,
+            index: 0,
+            count: 3
+        }
+    );
+    assert!(
+        refused.to_string().contains(&format!("send it to shard {owner}")),
+        "{refused}"
+    );
+    assert!(matches!(
+        manager.status(name).await,
+        Err(ManagerError::Misdirected { .. })
+    ));
+    let ours = (0..20)
+        .map(|i| format!("cam-{i}"))
+        .find(|n| shard.owns(n))
+        .unwrap();
+    assert!(matches!(
+        manager.status(&ours).await,
+        Err(ManagerError::NotFound(_))
+    ));
+    manager.shutdown().await.unwrap();
 }
