@@ -96,9 +96,12 @@ impl ApiError {
             Self::Stream(e) => match e {
                 ManagerError::Duplicate(_) => StatusCode::CONFLICT,
                 ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
-                ManagerError::Config(_) | ManagerError::Places { .. } => StatusCode::BAD_REQUEST,
+                ManagerError::Config(_) | ManagerError::Places { .. } | ManagerError::Refused { .. } => {
+                    StatusCode::BAD_REQUEST
+                }
                 ManagerError::Start { .. } => StatusCode::UNPROCESSABLE_ENTITY,
                 ManagerError::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
+                ManagerError::Policy(_) => StatusCode::INTERNAL_SERVER_ERROR,
             },
         }
     }
@@ -137,9 +140,12 @@ impl ApiError {
             Self::Stream(e) => match e {
                 ManagerError::Duplicate(_) => Code::AlreadyExists,
                 ManagerError::NotFound(_) => Code::NotFound,
-                ManagerError::Config(_) | ManagerError::Places { .. } => Code::InvalidArgument,
+                ManagerError::Config(_) | ManagerError::Places { .. } | ManagerError::Refused { .. } => {
+                    Code::InvalidArgument
+                }
                 ManagerError::Start { .. } => Code::FailedPrecondition,
                 ManagerError::ShutDown => Code::Unavailable,
+                ManagerError::Policy(_) => Code::Internal,
             },
         }
     }
@@ -170,6 +176,7 @@ impl ApiError {
             Self::Stream(ManagerError::Duplicate(_)) => "stream_exists",
             Self::Stream(ManagerError::NotFound(_)) => "unknown_stream",
             Self::Stream(ManagerError::Places { .. }) => "bad_zones",
+            Self::Stream(ManagerError::Refused { .. }) => "stream_url_refused",
             Self::Stream(_) => "stream_error",
             Self::NotFound | Self::Missing(_) => "not_found",
             Self::EventsOff => "events_off",

@@ -13,6 +13,7 @@ mod provider_args;
 mod report;
 mod serve;
 mod serve_config;
+mod stream_policy_config;
 mod video;
 
 use std::process::ExitCode;

@@ -59,6 +59,8 @@ pub struct ServeSettings {
     pub webhooks: Vec<peregrine_video::WebhookConfig>,
     /// Where object events and snapshots are kept (`[events]`).
     pub events: crate::events_config::EventsSettings,
+    /// Which stream URLs may be opened (`[stream_policy]`).
+    pub stream_policy: crate::stream_policy_config::StreamPolicySettings,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -111,6 +113,7 @@ impl Default for ServeSettings {
             mqtt: None,
             webhooks: Vec::new(),
             events: Default::default(),
+            stream_policy: Default::default(),
             provider: Default::default(),
         }
     }
@@ -259,6 +262,8 @@ pub struct ServeArgs {
     pub provider: crate::provider_args::ProviderArgs,
     #[command(flatten)]
     pub events: crate::events_config::EventsArgs,
+    #[command(flatten)]
+    pub stream_policy: crate::stream_policy_config::StreamPolicyArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -323,6 +328,7 @@ impl ServeArgs {
         );
         s.provider = provider;
         events.apply(&mut s.events);
+        std::mem::take(&mut self.stream_policy).apply(&mut s.stream_policy);
         s.validate()?;
         Ok(s)
     }
@@ -331,6 +337,7 @@ impl ServeArgs {
 impl ServeSettings {
     fn validate(&self) -> Result<()> {
         self.events.validate()?;
+        crate::stream_policy_config::validate(&self.stream_policy)?;
         let positive = [
             ("instances", self.instances),
             ("max_batch", self.max_batch),

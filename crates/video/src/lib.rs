@@ -15,7 +15,9 @@
 //! time ([`clock`]: RTCP sender reports, else local receive time); [`fanout`] carries them
 //! through bounded broadcasts and to the [`sinks`] (MQTT, webhooks), each with its own
 //! bounded drop-oldest queue, so nothing downstream can stall detection. [`config`] is the
-//! TOML shape of it all and [`telemetry`] names every metric. Wall-clock readings come
+//! TOML shape of it all and [`telemetry`] names every metric. The [`policy`] says which
+//! URLs a stream may have (schemes, file roots, hosts judged after DNS resolution); the
+//! manager applies it when a stream is added and the RTSP source before every connection. Wall-clock readings come
 //! from the [`WallClock`] in [`ManagerOptions`], so tests can set the time of day.
 //!
 //! The modules are private: what other crates use is re-exported below, and nothing else
@@ -35,6 +37,7 @@ mod fanout;
 mod frame;
 mod latest;
 mod manager;
+mod policy;
 mod sampling;
 mod sinks;
 mod source;
@@ -59,6 +62,8 @@ pub use manager::{
     ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamReport, StreamSummary,
 };
 pub use peregrine_types::{ManualWallClock, SystemWallClock, WallClock};
+pub use policy::address::RefusedRange;
+pub use policy::{HostResolver, StreamPolicy, SystemResolver, UrlPolicy, UrlRefusal};
 pub use sinks::mqtt::{MqttConfig, MqttSink, MqttStats};
 pub use sinks::store::StoreSink;
 pub use sinks::webhook::{WebhookConfig, WebhookSink, WebhookStats};

@@ -20,13 +20,14 @@ use tokio::task::JoinHandle;
 use crate::analytics::config::{LineConfig, ZoneConfig};
 use crate::analytics::report::AnalyticsReport;
 use crate::analytics::worker::{self as analytics, LatestPicture, StageMessage};
-use crate::config::{ConfigError, StreamConfig};
+use crate::config::{redact_url, ConfigError, StreamConfig};
 use crate::decode::{DecodeWorker, DecodeWorkerConfig};
 use crate::detect::{DetectionTask, FrameDetector, FrameOutput};
 use crate::event::{DetectionEvent, StreamStatus};
 use crate::fanout::{EventFanout, EventSubscription, ObjectSubscription, SinkQueue, StreamPublisher};
 use crate::frame::FramePool;
 use crate::latest::LatestSlot;
+use crate::policy::{HostResolver, StreamPolicy, SystemResolver, UrlPolicy, UrlRefusal};
 use crate::source::Opener;
 use crate::supervisor::{StatusReporter, Supervisor, SupervisorConfig};
 use crate::telemetry::{CounterSnapshot, StreamCounters};
@@ -51,8 +52,30 @@ pub enum ManagerError {
     /// A zone or line definition (or its classes) is wrong; the message says what.
     #[error("stream {name:?}: {problem}")]
     Places { name: String, problem: String },
+    /// The stream URL policy refuses the stream's URL; nothing of it was opened.
+    #[error("stream url refused: {refusal}")]
+    Refused { name: String, refusal: UrlRefusal },
+    /// The policy settings themselves are unusable (at start-up only).
+    #[error("stream_policy: {0}")]
+    Policy(String),
     #[error("the stream manager has shut down")]
     ShutDown,
+}
+
+impl ManagerError {
+    /// A refusal, logged here so that every one is (with the URL's password redacted).
+    fn refused(config: &StreamConfig, refusal: UrlRefusal) -> Self {
+        tracing::warn!(
+            stream = %config.name,
+            url = %redact_url(&config.url),
+            reason = %refusal,
+            "stream url refused by the stream policy"
+        );
+        Self::Refused {
+            name: config.name.clone(),
+            refusal,
+        }
+    }
 }
 
 /// What the manager is built with, besides the streams.
@@ -69,6 +92,11 @@ pub struct ManagerOptions {
     /// Wall-clock readings (capture times of files, publish times, "next attempt at");
     /// the system's clock unless a test sets its own.
     pub clock: Arc<dyn WallClock>,
+    /// Which stream URLs may be opened; refused ones are answered with
+    /// [`ManagerError::Refused`].
+    pub stream_policy: StreamPolicy,
+    /// Resolves camera host names for the policy (the system's unless a test answers).
+    pub resolver: Arc<dyn HostResolver>,
 }
 
 impl ManagerOptions {
@@ -79,6 +107,8 @@ impl ManagerOptions {
             stream_events: 64,
             all_events: 256,
             clock: Arc::new(SystemWallClock),
+            stream_policy: StreamPolicy::default(),
+            resolver: Arc::new(SystemResolver),
         }
     }
 }
@@ -145,13 +175,17 @@ enum Command {
 pub struct StreamManager;
 
 impl StreamManager {
-    /// Starts with `streams` (all validated first: one bad definition fails the start).
+    /// Starts with `streams` (all validated and judged by the policy first: one bad or
+    /// refused definition fails the start).
     pub async fn start(
         options: ManagerOptions,
         streams: Vec<StreamConfig>,
     ) -> Result<StreamManagerHandle, ManagerError> {
+        let policy =
+            UrlPolicy::new(&options.stream_policy, options.resolver.clone()).map_err(ManagerError::Policy)?;
+        let policy = Arc::new(policy);
         for s in &streams {
-            s.validate()?;
+            admit(&policy, s).await?;
         }
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let (all, _) = broadcast::channel(options.all_events.max(1));
@@ -163,10 +197,11 @@ impl StreamManager {
                 sinks: options.sinks.clone(),
             }),
             options,
+            policy: policy.clone(),
             streams: BTreeMap::new(),
         };
         tokio::spawn(owner.run(rx));
-        let handle = StreamManagerHandle { commands: tx };
+        let handle = StreamManagerHandle { commands: tx, policy };
         for s in streams {
             handle.add(s).await?;
         }
@@ -174,10 +209,22 @@ impl StreamManager {
     }
 }
 
+/// Checks a definition and judges its URL by the policy (resolving an RTSP host: done by
+/// the caller, so a slow DNS answer never holds up the owner task).
+async fn admit(policy: &UrlPolicy, config: &StreamConfig) -> Result<(), ManagerError> {
+    config.validate()?;
+    let source = config.source_url()?;
+    policy
+        .admit(&source)
+        .await
+        .map_err(|refusal| ManagerError::refused(config, refusal))
+}
+
 /// A cloneable handle to the stream manager.
 #[derive(Clone, Debug)]
 pub struct StreamManagerHandle {
     commands: mpsc::Sender<Command>,
+    policy: Arc<UrlPolicy>,
 }
 
 impl StreamManagerHandle {
@@ -190,8 +237,10 @@ impl StreamManagerHandle {
         rx.await.map_err(|_| ManagerError::ShutDown)
     }
 
-    /// Adds and starts a stream; its source is chosen from its URL.
+    /// Adds and starts a stream; its source is chosen from its URL, which the stream
+    /// policy must allow.
     pub async fn add(&self, config: StreamConfig) -> Result<(), ManagerError> {
+        admit(&self.policy, &config).await?;
         self.ask(|reply| Command::Add {
             config: Box::new(config),
             opener: None,
@@ -200,7 +249,8 @@ impl StreamManagerHandle {
         .await?
     }
 
-    /// Adds a stream with a source of the caller's making (other kinds of camera, tests).
+    /// Adds a stream with a source of the caller's making (other kinds of camera, tests);
+    /// its URL is only a label, so the stream policy does not judge it.
     pub async fn add_with_opener(
         &self,
         config: StreamConfig,
@@ -348,6 +398,7 @@ impl RunningStream {
 
 struct Owner {
     options: ManagerOptions,
+    policy: Arc<UrlPolicy>,
     fanout: Arc<EventFanout>,
     streams: BTreeMap<String, RunningStream>,
 }
@@ -461,7 +512,13 @@ impl Owner {
         }
         let opener = match opener {
             Some(o) => o,
-            None => config.opener(&self.options.clock)?,
+            None => {
+                // Judged again: the file opened is the canonical path judged now.
+                let source = config.source_url()?;
+                config
+                    .opener(source, &self.options.clock, &self.policy)
+                    .map_err(|refusal| ManagerError::refused(&config, refusal))?
+            }
         };
         // Class names are the model's: checked before anything of the stream starts, when
         // a model is ready to name them (else at the stream's first frame).
