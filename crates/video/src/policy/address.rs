@@ -135,7 +135,7 @@ impl HostAllowList {
     /// The host name itself is allowed, whatever it resolves to.
     pub fn allows_name(&self, host: &str) -> bool {
         let host = normal_name(host);
-        self.names.iter().any(|n| *n == host)
+        self.names.contains(&host)
     }
 
     pub fn allows_address(&self, ip: IpAddr) -> bool {
