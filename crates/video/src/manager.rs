@@ -65,16 +65,10 @@ pub enum ManagerError {
 impl ManagerError {
     /// A refusal, logged here so that every one is (with the URL's password redacted).
     fn refused(config: &StreamConfig, refusal: UrlRefusal) -> Self {
-        tracing::warn!(
-            stream = %config.name,
-            url = %redact_url(&config.url),
-            reason = %refusal,
-            "stream url refused by the stream policy"
-        );
-        Self::Refused {
-            name: config.name.clone(),
-            refusal,
-        }
+        let (stream, url) = (&config.name, redact_url(&config.url));
+        tracing::warn!(%stream, %url, reason = %refusal, "stream url refused by the stream policy");
+        let name = config.name.clone();
+        Self::Refused { name, refusal }
     }
 }
 
@@ -510,15 +504,12 @@ impl Owner {
         if self.streams.contains_key(&config.name) {
             return Err(ManagerError::Duplicate(config.name));
         }
+        // Judged again: the file opened is the canonical path judged now.
         let opener = match opener {
             Some(o) => o,
-            None => {
-                // Judged again: the file opened is the canonical path judged now.
-                let source = config.source_url()?;
-                config
-                    .opener(source, &self.options.clock, &self.policy)
-                    .map_err(|refusal| ManagerError::refused(&config, refusal))?
-            }
+            None => config
+                .opener(config.source_url()?, &self.options.clock, &self.policy)
+                .map_err(|refusal| ManagerError::refused(&config, refusal))?,
         };
         // Class names are the model's: checked before anything of the stream starts, when
         // a model is ready to name them (else at the stream's first frame).
