@@ -43,7 +43,8 @@ end = [0.5, 1.0]
 TOML
     fi
     "$bin" serve --config "$work/serve.toml" --host 127.0.0.1 --port 0 --grpc-port 0 \
-        --events-db "$work/events-$label.sqlite3" --snapshots-dir "$work/snaps" 2>"$work/log" &
+        --events-db "$work/events-$label.sqlite3" --snapshots-dir "$work/snaps" \
+        --stream-file-roots "$(dirname "$clip")" 2>"$work/log" &
     pid=$!
     for _ in $(seq 600); do
         base=$(sed -n 's/^peregrine: listening on \(http:\/\/[^ ]*\).*/\1/p' "$work/log" | head -1)

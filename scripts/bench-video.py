@@ -16,6 +16,7 @@ Standard library only, so it runs wherever the binary does.
 import argparse
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -83,8 +84,11 @@ def main():
     ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
     target = a.fps if a.fps > 0 else CLIP_FPS
+    # File streams are refused unless their folder is a file root.
+    roots = os.path.dirname(os.path.abspath(a.clip))
     proc = subprocess.Popen([a.bin, "serve", "--host", "127.0.0.1", "--port", "0", "--allow-grpc", "false",
-                             "--log-level", "warn", *a.serve_args], stderr=subprocess.PIPE, text=True)
+                             "--log-level", "warn", "--stream-file-roots", roots, *a.serve_args],
+                            stderr=subprocess.PIPE, text=True)
     base = None
     for line in proc.stderr:
         m = re.match(r"peregrine: listening on (http://\S+)", line)

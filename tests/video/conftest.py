@@ -116,7 +116,10 @@ port = {p.mqtt_port}
     binary = os.environ.get("PEREGRINE_BIN", str(ROOT / "target" / "debug" / "peregrine"))
     server = subprocess.Popen(
         [binary, "serve", "--config", str(config), "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
-         "--threads", "1", "--log-format", "text"],
+         "--threads", "1", "--log-format", "text",
+         # The RTSP test server listens on loopback, which the stream policy refuses unless
+         # allowed.
+         "--stream-allow-hosts", "127.0.0.1"],
         stderr=subprocess.PIPE, text=True)
     found = threading.Event()
 

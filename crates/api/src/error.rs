@@ -96,12 +96,15 @@ impl ApiError {
             Self::Stream(e) => match e {
                 ManagerError::Duplicate(_) => StatusCode::CONFLICT,
                 ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
-                ManagerError::Config(_) | ManagerError::Places { .. } => StatusCode::BAD_REQUEST,
+                ManagerError::Config(_) | ManagerError::Places { .. } | ManagerError::Refused { .. } => {
+                    StatusCode::BAD_REQUEST
+                }
                 ManagerError::Start { .. } => StatusCode::UNPROCESSABLE_ENTITY,
                 // The request is fine, this server is the wrong one: the message names the
                 // right shard.
                 ManagerError::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
                 ManagerError::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
+                ManagerError::Policy(_) => StatusCode::INTERNAL_SERVER_ERROR,
             },
         }
     }
@@ -140,9 +143,12 @@ impl ApiError {
             Self::Stream(e) => match e {
                 ManagerError::Duplicate(_) => Code::AlreadyExists,
                 ManagerError::NotFound(_) => Code::NotFound,
-                ManagerError::Config(_) | ManagerError::Places { .. } => Code::InvalidArgument,
+                ManagerError::Config(_) | ManagerError::Places { .. } | ManagerError::Refused { .. } => {
+                    Code::InvalidArgument
+                }
                 ManagerError::Start { .. } | ManagerError::Misdirected { .. } => Code::FailedPrecondition,
                 ManagerError::ShutDown => Code::Unavailable,
+                ManagerError::Policy(_) => Code::Internal,
             },
         }
     }
@@ -174,6 +180,7 @@ impl ApiError {
             Self::Stream(ManagerError::NotFound(_)) => "unknown_stream",
             Self::Stream(ManagerError::Places { .. }) => "bad_zones",
             Self::Stream(ManagerError::Misdirected { .. }) => "other_shard",
+            Self::Stream(ManagerError::Refused { .. }) => "stream_url_refused",
             Self::Stream(_) => "stream_error",
             Self::NotFound | Self::Missing(_) => "not_found",
             Self::EventsOff => "events_off",

@@ -15,6 +15,7 @@ mod serve;
 mod serve_config;
 mod tls_config;
 mod shard_config;
+mod stream_policy_config;
 mod video;
 
 use std::process::ExitCode;

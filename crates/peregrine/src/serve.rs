@@ -237,6 +237,7 @@ async fn start_video(
         registry: registry.clone(),
         model: s.stream_model.clone(),
     }));
+    options.stream_policy = s.stream_policy.clone();
     options.sinks = configured.queues();
     options.sinks.extend(store.as_ref().map(StoreSink::queue));
     options.shard = s.shard.assignment()?;

@@ -63,6 +63,8 @@ pub struct ServeSettings {
     pub tls: crate::tls_config::TlsSettings,
     /// Which of the configured streams this server runs (`[shard]`).
     pub shard: crate::shard_config::ShardSettings,
+    /// Which stream URLs may be opened (`[stream_policy]`).
+    pub stream_policy: crate::stream_policy_config::StreamPolicySettings,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -117,6 +119,7 @@ impl Default for ServeSettings {
             events: Default::default(),
             tls: Default::default(),
             shard: Default::default(),
+            stream_policy: Default::default(),
             provider: Default::default(),
         }
     }
@@ -269,6 +272,8 @@ pub struct ServeArgs {
     pub tls: crate::tls_config::TlsArgs,
     #[command(flatten)]
     pub shard: crate::shard_config::ShardArgs,
+    #[command(flatten)]
+    pub stream_policy: crate::stream_policy_config::StreamPolicyArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -336,6 +341,7 @@ impl ServeArgs {
         events.apply(&mut s.events);
         tls.apply(&mut s.tls);
         std::mem::take(&mut self.shard).apply(&mut s.shard);
+        std::mem::take(&mut self.stream_policy).apply(&mut s.stream_policy);
         s.validate()?;
         Ok(s)
     }
@@ -346,6 +352,7 @@ impl ServeSettings {
         self.events.validate()?;
         self.tls.validate()?;
         self.shard.assignment()?;
+        crate::stream_policy_config::validate(&self.stream_policy)?;
         let positive = [
             ("instances", self.instances),
             ("max_batch", self.max_batch),

@@ -142,7 +142,11 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
             c
         })
         .collect();
-    let manager = StreamManager::start(ManagerOptions::new(detector), streams)
+    let mut options = ManagerOptions::new(detector);
+    // The clip's folder is the one file root the streams need.
+    let folder = args.clip.parent().filter(|p| !p.as_os_str().is_empty());
+    options.stream_policy.file_roots = vec![folder.unwrap_or(std::path::Path::new(".")).to_path_buf()];
+    let manager = StreamManager::start(options, streams)
         .await
         .expect("streams start");
     let mut events = manager.subscribe_all().await.expect("feed");

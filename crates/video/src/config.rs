@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 pub use crate::analytics::config::AnalyticsConfig;
 use crate::backoff::BackoffPolicy;
+use crate::policy::{UrlPolicy, UrlRefusal};
 use crate::sinks::mqtt::MqttConfig;
 use crate::sinks::webhook::WebhookConfig;
 use crate::source::file::{FileOpener, Pacing};
@@ -113,6 +114,13 @@ pub fn redact_url(url: &str) -> String {
         }
         _ => url.to_string(),
     }
+}
+
+/// A stream URL, parsed: what the policy judges and the opener opens.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum SourceUrl {
+    Rtsp(url::Url),
+    File(PathBuf),
 }
 
 /// Reconnect schedule (see [`BackoffPolicy`]).
@@ -244,24 +252,18 @@ impl StreamConfig {
         if b.initial_ms == 0 || !multiplier_ok || !(0.0..=1.0).contains(&b.jitter) {
             return fail("backoff needs initial_ms > 0, multiplier >= 1 and jitter in 0..=1".into());
         }
-        let clock: Arc<dyn WallClock> = Arc::new(peregrine_types::SystemWallClock);
-        self.opener(&clock).map(|_| ())
+        self.source_url().map(|_| ())
     }
 
-    /// The source this definition names; `clock` stamps what it reads where the source has
-    /// no clock of its own (files).
-    pub fn opener(&self, clock: &Arc<dyn WallClock>) -> Result<Arc<dyn Opener>, ConfigError> {
+    /// What the URL names: an RTSP camera or an mp4 file.
+    pub(crate) fn source_url(&self) -> Result<SourceUrl, ConfigError> {
         let fail = |problem: String| ConfigError {
             name: self.name.clone(),
             problem,
         };
         if self.url.starts_with("rtsp://") {
             let url = url::Url::parse(&self.url).map_err(|e| fail(format!("bad RTSP URL: {e}")))?;
-            return Ok(Arc::new(RtspOpener::new(
-                url,
-                self.transport,
-                self.decode_threads,
-            )));
+            return Ok(SourceUrl::Rtsp(url));
         }
         if self.url.contains("://") && !self.url.starts_with("file://") {
             return Err(fail(
@@ -269,9 +271,28 @@ impl StreamConfig {
                     .into(),
             ));
         }
-        let path = match self.url.strip_prefix("file://") {
+        Ok(SourceUrl::File(match self.url.strip_prefix("file://") {
             Some(p) => PathBuf::from(p),
             None => PathBuf::from(&self.url),
+        }))
+    }
+
+    /// The source this definition names, as `policy` allows it: an RTSP camera checked
+    /// again before every connection, a file opened by its canonical path. `clock` stamps
+    /// what it reads where the source has no clock of its own (files).
+    pub(crate) fn opener(
+        &self,
+        source: SourceUrl,
+        clock: &Arc<dyn WallClock>,
+        policy: &Arc<UrlPolicy>,
+    ) -> Result<Arc<dyn Opener>, UrlRefusal> {
+        let path = match source {
+            SourceUrl::Rtsp(url) => {
+                let opener =
+                    RtspOpener::new(url, self.transport, self.decode_threads).guarded_by(policy.clone());
+                return Ok(Arc::new(opener));
+            }
+            SourceUrl::File(path) => policy.file_path(&path)?,
         };
         Ok(Arc::new(FileOpener {
             path,
@@ -333,8 +354,11 @@ mod tests {
         assert_eq!(cam.fps, Some(5.0));
         assert_eq!(cam.staleness_ms, 1000);
         cam.validate().unwrap();
+        let clock: Arc<dyn WallClock> = Arc::new(peregrine_types::SystemWallClock);
+        let policy = crate::policy::StreamPolicy::default();
+        let policy = Arc::new(UrlPolicy::new(&policy, Arc::new(crate::policy::SystemResolver)).unwrap());
         assert!(!cam
-            .opener(&(Arc::new(peregrine_types::SystemWallClock) as Arc<dyn WallClock>))
+            .opener(cam.source_url().unwrap(), &clock, &policy)
             .unwrap()
             .describe()
             .contains("pass"));

@@ -17,6 +17,9 @@
 //! bounded drop-oldest queue, so nothing downstream can stall detection. [`config`] is the
 //! TOML shape of it all and [`telemetry`] names every metric. When servers share one
 //! stream list, [`shard`] says which of them runs each stream. Wall-clock readings come
+//! TOML shape of it all and [`telemetry`] names every metric. The [`policy`] says which
+//! URLs a stream may have (schemes, file roots, hosts judged after DNS resolution); the
+//! manager applies it when a stream is added and the RTSP source before every connection. Wall-clock readings come
 //! from the [`WallClock`] in [`ManagerOptions`], so tests can set the time of day.
 //!
 //! The modules are private: what other crates use is re-exported below, and nothing else
@@ -36,6 +39,7 @@ mod fanout;
 mod frame;
 mod latest;
 mod manager;
+mod policy;
 mod sampling;
 mod shard;
 mod sinks;
@@ -62,6 +66,8 @@ pub use manager::{
 };
 pub use peregrine_types::{ManualWallClock, SystemWallClock, WallClock};
 pub use shard::{rendezvous_owner, shard_weight, ShardAssignment, ShardError, ShardPlacement, SkippedStream};
+pub use policy::address::RefusedRange;
+pub use policy::{HostResolver, StreamPolicy, SystemResolver, UrlPolicy, UrlRefusal};
 pub use sinks::mqtt::{MqttConfig, MqttSink, MqttStats};
 pub use sinks::store::StoreSink;
 pub use sinks::webhook::{WebhookConfig, WebhookSink, WebhookStats};

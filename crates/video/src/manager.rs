@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use crate::analytics::config::{LineConfig, ZoneConfig};
 use crate::analytics::report::AnalyticsReport;
 use crate::analytics::worker::{self as analytics, LatestPicture, StageMessage};
-use crate::config::{ConfigError, StreamConfig};
+use crate::config::{redact_url, ConfigError, StreamConfig};
 use crate::decode::{DecodeWorker, DecodeWorkerConfig};
 use crate::detect::{DetectionTask, FrameDetector, FrameOutput};
 use crate::event::{DetectionEvent, StreamStatus};
@@ -28,6 +28,7 @@ use crate::fanout::{EventFanout, EventSubscription, ObjectSubscription, SinkQueu
 use crate::frame::FramePool;
 use crate::latest::LatestSlot;
 use crate::shard::{ShardAssignment, ShardPlacement};
+use crate::policy::{HostResolver, StreamPolicy, SystemResolver, UrlPolicy, UrlRefusal};
 use crate::source::Opener;
 use crate::supervisor::{StatusReporter, Supervisor, SupervisorConfig};
 use crate::telemetry::{CounterSnapshot, StreamCounters};
@@ -60,8 +61,24 @@ pub enum ManagerError {
         index: u32,
         count: u32,
     },
+    /// The stream URL policy refuses the stream's URL; nothing of it was opened.
+    #[error("stream url refused: {refusal}")]
+    Refused { name: String, refusal: UrlRefusal },
+    /// The policy settings themselves are unusable (at start-up only).
+    #[error("stream_policy: {0}")]
+    Policy(String),
     #[error("the stream manager has shut down")]
     ShutDown,
+}
+
+impl ManagerError {
+    /// A refusal, logged here so that every one is (with the URL's password redacted).
+    fn refused(config: &StreamConfig, refusal: UrlRefusal) -> Self {
+        let (stream, url) = (&config.name, redact_url(&config.url));
+        tracing::warn!(%stream, %url, reason = %refusal, "stream url refused by the stream policy");
+        let name = config.name.clone();
+        Self::Refused { name, refusal }
+    }
 }
 
 /// What the manager is built with, besides the streams.
@@ -81,6 +98,11 @@ pub struct ManagerOptions {
     /// Which of the configured streams this server runs, and which ones added at run time
     /// it accepts: those its shard owns (one shard, the default, owns all).
     pub shard: ShardAssignment,
+    /// Which stream URLs may be opened; refused ones are answered with
+    /// [`ManagerError::Refused`].
+    pub stream_policy: StreamPolicy,
+    /// Resolves camera host names for the policy (the system's unless a test answers).
+    pub resolver: Arc<dyn HostResolver>,
 }
 
 impl ManagerOptions {
@@ -92,6 +114,8 @@ impl ManagerOptions {
             all_events: 256,
             clock: Arc::new(SystemWallClock),
             shard: ShardAssignment::default(),
+            stream_policy: StreamPolicy::default(),
+            resolver: Arc::new(SystemResolver),
         }
     }
 }
@@ -158,14 +182,17 @@ enum Command {
 pub struct StreamManager;
 
 impl StreamManager {
-    /// Starts with those of `streams` its shard owns (all validated first: one bad
-    /// definition fails the start, on every shard alike).
+    /// Starts with those of `streams` its shard owns (all validated and judged by the
+    /// policy first: one bad or refused definition fails the start, on every shard alike).
     pub async fn start(
         options: ManagerOptions,
         streams: Vec<StreamConfig>,
     ) -> Result<StreamManagerHandle, ManagerError> {
+        let policy =
+            UrlPolicy::new(&options.stream_policy, options.resolver.clone()).map_err(ManagerError::Policy)?;
+        let policy = Arc::new(policy);
         for s in &streams {
-            s.validate()?;
+            admit(&policy, s).await?;
         }
         let shard = options.shard;
         let (streams, skipped) = shard.split(streams);
@@ -179,12 +206,14 @@ impl StreamManager {
                 sinks: options.sinks.clone(),
             }),
             options,
+            policy: policy.clone(),
             streams: BTreeMap::new(),
         };
         tokio::spawn(owner.run(rx));
         let handle = StreamManagerHandle {
             commands: tx,
             placement: Arc::new(ShardPlacement { shard, skipped }),
+            policy,
         };
         for s in streams {
             handle.add(s).await?;
@@ -193,12 +222,24 @@ impl StreamManager {
     }
 }
 
+/// Checks a definition and judges its URL by the policy (resolving an RTSP host: done by
+/// the caller, so a slow DNS answer never holds up the owner task).
+async fn admit(policy: &UrlPolicy, config: &StreamConfig) -> Result<(), ManagerError> {
+    config.validate()?;
+    let source = config.source_url()?;
+    policy
+        .admit(&source)
+        .await
+        .map_err(|refusal| ManagerError::refused(config, refusal))
+}
+
 /// A cloneable handle to the stream manager.
 #[derive(Clone, Debug)]
 pub struct StreamManagerHandle {
     commands: mpsc::Sender<Command>,
     // Fixed at the start: the configured streams do not change while the server runs.
     placement: Arc<ShardPlacement>,
+    policy: Arc<UrlPolicy>,
 }
 
 impl StreamManagerHandle {
@@ -211,8 +252,10 @@ impl StreamManagerHandle {
         rx.await.map_err(|_| ManagerError::ShutDown)
     }
 
-    /// Adds and starts a stream; its source is chosen from its URL.
+    /// Adds and starts a stream; its source is chosen from its URL, which the stream
+    /// policy must allow.
     pub async fn add(&self, config: StreamConfig) -> Result<(), ManagerError> {
+        admit(&self.policy, &config).await?;
         self.ask(|reply| Command::Add {
             config: Box::new(config),
             opener: None,
@@ -221,7 +264,8 @@ impl StreamManagerHandle {
         .await?
     }
 
-    /// Adds a stream with a source of the caller's making (other kinds of camera, tests).
+    /// Adds a stream with a source of the caller's making (other kinds of camera, tests);
+    /// its URL is only a label, so the stream policy does not judge it.
     pub async fn add_with_opener(
         &self,
         config: StreamConfig,
@@ -374,6 +418,7 @@ impl RunningStream {
 
 struct Owner {
     options: ManagerOptions,
+    policy: Arc<UrlPolicy>,
     fanout: Arc<EventFanout>,
     streams: BTreeMap<String, RunningStream>,
 }
@@ -504,9 +549,12 @@ impl Owner {
         if self.streams.contains_key(&config.name) {
             return Err(ManagerError::Duplicate(config.name));
         }
+        // Judged again: the file opened is the canonical path judged now.
         let opener = match opener {
             Some(o) => o,
-            None => config.opener(&self.options.clock)?,
+            None => config
+                .opener(config.source_url()?, &self.options.clock, &self.policy)
+                .map_err(|refusal| ManagerError::refused(&config, refusal))?,
         };
         // Class names are the model's: checked before anything of the stream starts, when
         // a model is ready to name them (else at the stream's first frame).

@@ -7,9 +7,9 @@ mod support;
 use std::time::Duration;
 
 use peregrine_video::DropReason;
-use peregrine_video::{ManagerOptions, StreamConfig, StreamManager};
+use peregrine_video::{StreamConfig, StreamManager};
 use support::engine_detector::{repo_model, EngineDetector};
-use support::{shared_clip, RtspServer};
+use support::{local_options, shared_clip, RtspServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cpu_model_finds_people_and_bicycles_on_a_live_camera() {
@@ -19,7 +19,7 @@ async fn the_cpu_model_finds_people_and_bicycles_on_a_live_camera() {
     let mut cam = StreamConfig::new("bikes", server.url("bikes"));
     cam.fps = Some(2.0);
     cam.staleness_ms = 3_000;
-    let manager = StreamManager::start(ManagerOptions::new(detector), vec![cam])
+    let manager = StreamManager::start(local_options(detector), vec![cam])
         .await
         .unwrap();
     let mut events = manager.subscribe("bikes").await.unwrap();

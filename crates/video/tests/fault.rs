@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use peregrine_video::live_decode_threads;
 use peregrine_video::RtspTransport;
-use peregrine_video::{ManagerOptions, StreamConfig, StreamManager, StreamStatus};
-use support::{eventually, h265_clip, instant_detector, rss_kb, shared_clip, RtspServer};
+use peregrine_video::{StreamConfig, StreamManager, StreamStatus};
+use support::{eventually, h265_clip, instant_detector, local_options, rss_kb, shared_clip, RtspServer};
 
 const STREAMS: [(&str, &str, RtspTransport); 4] = [
     ("h264-tcp", "bikes", RtspTransport::Tcp),
@@ -38,7 +38,7 @@ async fn every_stream_recovers_within_5_s_of_the_server_returning() {
         })
         .collect();
     let runtime = tokio::runtime::Handle::current();
-    let manager = StreamManager::start(ManagerOptions::new(instant_detector()), streams)
+    let manager = StreamManager::start(local_options(instant_detector()), streams)
         .await
         .unwrap();
     let mut events = manager.subscribe_all().await.unwrap();

@@ -11,8 +11,8 @@ mod support;
 
 use std::time::Duration;
 
-use peregrine_video::{EventSubscription, ManagerOptions, RtspTransport, StreamManager, StreamManagerHandle};
-use support::{camera, instant_detector, shared_clip, RtspServer};
+use peregrine_video::{EventSubscription, RtspTransport, StreamManager, StreamManagerHandle};
+use support::{camera, instant_detector, local_options, shared_clip, RtspServer};
 use tokio::time::Instant;
 
 /// The server is down this long each time (the camera's reboot).
@@ -34,7 +34,7 @@ async fn flap(up_for: &[Duration]) -> Vec<Recovery> {
     let mut server = RtspServer::start(&[("bikes", shared_clip("bikes.mp4"))]);
     // The defaults, as a user would run them, except one decode thread for the test host.
     let cam = camera("cam", server.url("bikes"), RtspTransport::Tcp, Some(5.0));
-    let manager = StreamManager::start(ManagerOptions::new(instant_detector()), vec![cam])
+    let manager = StreamManager::start(local_options(instant_detector()), vec![cam])
         .await
         .unwrap();
     let mut events = manager.subscribe("cam").await.unwrap();

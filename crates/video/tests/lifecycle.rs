@@ -8,16 +8,17 @@ use std::time::{Duration, Instant};
 
 use peregrine_video::live_decode_threads;
 use peregrine_video::RtspTransport;
-use peregrine_video::{ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamStatus};
+use peregrine_video::{ManagerError, StreamManager, StreamManagerHandle, StreamStatus};
 use support::{
-    camera, eventually, free_port, h265_clip, instant_detector, os_threads, shared_clip, RtspServer,
+    camera, eventually, free_port, h265_clip, instant_detector, local_options, os_threads, shared_clip,
+    RtspServer,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_come_and_go_at_run_time_without_leaking_tasks_or_threads() {
     let server = RtspServer::start(&[("bikes", shared_clip("bikes.mp4")), ("bikes265", h265_clip())]);
     let runtime = tokio::runtime::Handle::current();
-    let manager = StreamManager::start(ManagerOptions::new(instant_detector()), Vec::new())
+    let manager = StreamManager::start(local_options(instant_detector()), Vec::new())
         .await
         .unwrap();
     let baseline_tasks = runtime.metrics().num_alive_tasks();

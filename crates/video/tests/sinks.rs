@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use peregrine_video::ConfiguredSinks;
-use peregrine_video::{ManagerOptions, StreamConfig, StreamManager, VideoConfig};
 use peregrine_video::{MqttConfig, MqttSink};
+use peregrine_video::{StreamConfig, StreamManager, VideoConfig};
 use peregrine_video::{WebhookConfig, WebhookSink};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::Value;
 use support::tls::TestCa;
-use support::{eventually, h265_clip, instant_detector, shared_clip, Mosquitto, RtspServer};
+use support::{eventually, h265_clip, instant_detector, local_options, shared_clip, Mosquitto, RtspServer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// An MQTT subscriber: every publish it receives as (topic, payload, retained).
@@ -89,7 +89,7 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
     );
     let config: VideoConfig = toml::from_str(&text).expect("config parses");
     let sinks = ConfiguredSinks::start(&config).unwrap();
-    let mut options = ManagerOptions::new(instant_detector());
+    let mut options = local_options(instant_detector());
     options.sinks = sinks.queues();
     let manager = StreamManager::start(options, config.streams.clone())
         .await
@@ -186,7 +186,7 @@ async fn the_mqtt_sink_reconnects_after_the_broker_restarts_and_republishes_stat
     config.topic_prefix = "pv-restart".into();
     config.client_id = "peregrine-restart".into();
     let sink = MqttSink::start(&config).unwrap();
-    let mut options = ManagerOptions::new(instant_detector());
+    let mut options = local_options(instant_detector());
     options.sinks.push(sink.queue());
     let manager = StreamManager::start(options, vec![file_stream("file1")])
         .await
@@ -360,7 +360,7 @@ async fn webhooks_retry_failures_and_deliver_json() {
     config.retry_initial_ms = 20;
     config.max_attempts = 5;
     let hook = WebhookSink::start(&config).unwrap();
-    let mut options = ManagerOptions::new(instant_detector());
+    let mut options = local_options(instant_detector());
     options.sinks.push(hook.queue());
     let manager = StreamManager::start(options, vec![file_stream("file1")])
         .await
@@ -387,7 +387,7 @@ async fn a_hanging_webhook_drops_its_oldest_events_and_never_slows_detection() {
     config.queue = 4;
     let hook = WebhookSink::start(&config).unwrap();
     let queue = hook.queue();
-    let mut options = ManagerOptions::new(instant_detector());
+    let mut options = local_options(instant_detector());
     options.sinks.push(queue.clone());
     let mut stream = file_stream("fast");
     stream.realtime = false;
@@ -430,7 +430,7 @@ async fn mqtt_over_tls_reaches_a_broker_the_configured_ca_vouches_for_and_no_oth
         MqttSink::start(&trusted).unwrap(),
         MqttSink::start(&untrusted).unwrap(),
     ];
-    let mut options = ManagerOptions::new(instant_detector());
+    let mut options = local_options(instant_detector());
     options.sinks = sinks.iter().map(MqttSink::queue).collect();
     let manager = StreamManager::start(options, vec![file_stream("tls1")])
         .await
@@ -497,7 +497,7 @@ async fn https_webhooks_deliver_to_an_endpoint_the_configured_ca_vouches_for_and
         WebhookSink::start(&trusted).unwrap(),
         WebhookSink::start(&untrusted).unwrap(),
     ];
-    let mut options = ManagerOptions::new(instant_detector());
+    let mut options = local_options(instant_detector());
     options.sinks = hooks.iter().map(WebhookSink::queue).collect();
     let manager = StreamManager::start(options, vec![file_stream("https1")])
         .await

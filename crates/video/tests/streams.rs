@@ -1,18 +1,25 @@
 //! Streams through the manager against GStreamer's RTSP server: several cameras over TCP
 //! and UDP, H.264 and H.265, events on per-stream and all-stream feeds, sampling, status,
-//! and a subscriber that never reads.
+//! a subscriber that never reads, and a camera name that turns into loopback between
+//! being added and connecting.
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
 
 use peregrine_video::DropReason;
 use peregrine_video::RtspTransport;
 use peregrine_video::{
-    ClockSource, ManagerError, ManagerOptions, ShardAssignment, SkippedStream, StreamManager, StreamStatus,
+    ClockSource, HostResolver, ManagerError, ManagerOptions, ShardAssignment, SkippedStream, StreamManager,
+    StreamStatus,
 };
-use support::{camera, h265_clip, instant_detector, shared_clip, RtspServer};
+use support::{camera, h265_clip, instant_detector, local_options, shared_clip, RtspServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_cameras_deliver_sampled_events_with_rtcp_capture_times() {
@@ -29,7 +36,7 @@ async fn several_cameras_deliver_sampled_events_with_rtcp_capture_times() {
         camera("720p-tcp", server.url("bbb"), RtspTransport::Tcp, Some(5.0)),
     ];
     let detector = instant_detector();
-    let manager = StreamManager::start(ManagerOptions::new(detector.clone()), cameras)
+    let manager = StreamManager::start(local_options(detector.clone()), cameras)
         .await
         .expect("start");
     let mut all = manager.subscribe_all().await.unwrap();
@@ -110,7 +117,7 @@ async fn several_cameras_deliver_sampled_events_with_rtcp_capture_times() {
 #[tokio::test]
 async fn a_shard_runs_only_its_own_streams() {
     let shard = ShardAssignment::new(0, 3).unwrap();
-    let mut options = ManagerOptions::new(instant_detector());
+    let mut options = local_options(instant_detector());
     options.shard = shard;
     // Streams other shards own: nothing of theirs starts here.
     let theirs: Vec<String> = (0..20)
@@ -165,5 +172,78 @@ async fn a_shard_runs_only_its_own_streams() {
         manager.status(&ours).await,
         Err(ManagerError::NotFound(_))
     ));
+}
+
+/// Answers a list of addresses, one per question, then the last one again.
+struct ChangingResolver {
+    answers: Vec<IpAddr>,
+    asked: AtomicUsize,
+}
+
+impl HostResolver for ChangingResolver {
+    fn resolve(&self, _host: &str, _port: u16) -> BoxFuture<'static, std::io::Result<Vec<IpAddr>>> {
+        let n = self.asked.fetch_add(1, Ordering::SeqCst);
+        let answer = self.answers[n.min(self.answers.len() - 1)];
+        Box::pin(async move { Ok(vec![answer]) })
+    }
+}
+
+#[tokio::test]
+async fn a_camera_whose_name_turns_to_loopback_is_refused_at_the_reconnect() {
+    let mut options = ManagerOptions::new(instant_detector());
+    let resolver = Arc::new(ChangingResolver {
+        answers: vec!["10.255.0.1".parse().unwrap(), "127.0.0.1".parse().unwrap()],
+        asked: AtomicUsize::new(0),
+    });
+    options.resolver = resolver.clone();
+    let manager = StreamManager::start(options, Vec::new()).await.unwrap();
+    let mut cam = camera(
+        "rebound",
+        "rtsp://cam.test:8554/x".into(),
+        RtspTransport::Tcp,
+        None,
+    );
+    cam.backoff.first_retry_ms = 600_000;
+    manager
+        .add(cam)
+        .await
+        .expect("the name resolves to a LAN address when added");
+    let waited = Instant::now();
+    let last_error = loop {
+        match manager.status("rebound").await.unwrap().status {
+            StreamStatus::BackingOff { last_error, .. } => break last_error,
+            status => assert!(
+                waited.elapsed() < Duration::from_secs(15),
+                "never backed off: {status:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        last_error.contains("stream url refused: host cam.test resolves to 127.0.0.1, a loopback address"),
+        "{last_error}"
+    );
+    assert_eq!(
+        resolver.asked.load(Ordering::SeqCst),
+        2,
+        "once when added, once before connecting"
+    );
+    let refused = manager
+        .add(camera(
+            "direct",
+            "rtsp://127.0.0.1:8554/x".into(),
+            RtspTransport::Tcp,
+            None,
+        ))
+        .await;
+    assert!(
+        matches!(refused, Err(ManagerError::Refused { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        manager.list().await.unwrap().len(),
+        1,
+        "nothing of the refused stream was started"
+    );
     manager.shutdown().await.unwrap();
 }

@@ -68,6 +68,10 @@ impl Server {
             .args(extra)
             // No event database unless a test asks for one (`--events-db` beats this).
             .env("PEREGRINE_EVENTS_DB", "none")
+            // Streams of the tests: RTSP servers on loopback, the shared clips and temporary
+            // files (flags a test gives beat these).
+            .env("PEREGRINE_STREAM_ALLOW_HOSTS", "127.0.0.1")
+            .env("PEREGRINE_STREAM_FILE_ROOTS", test_file_roots())
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -211,4 +215,10 @@ pub async fn post_image(
         req = req.header(*k, *v);
     }
     req.send().await.expect("the request is answered")
+}
+
+/// The shared clips and the temporary directory, as `--stream-file-roots` takes them.
+fn test_file_roots() -> String {
+    let shared = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/videos");
+    format!("{},{}", shared.display(), std::env::temp_dir().display())
 }

@@ -18,6 +18,7 @@ use super::{EncodedFrame, Opener, Source, SourceError, StreamParameters};
 use crate::clock::RtcpCaptureClock;
 use crate::decode::{Codec, DecoderConfig};
 use crate::frame::Pts;
+use crate::policy::UrlPolicy;
 
 /// How RTP travels from the camera.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
@@ -38,6 +39,8 @@ pub struct RtspOpener {
     transport: RtspTransport,
     decode_threads: usize,
     session_group: Arc<retina::client::SessionGroup>,
+    /// Judges the host before every connection; the connection goes to the address judged.
+    policy: Option<Arc<UrlPolicy>>,
 }
 
 impl std::fmt::Debug for RtspOpener {
@@ -64,7 +67,35 @@ impl RtspOpener {
             transport,
             decode_threads,
             session_group: Arc::new(retina::client::SessionGroup::default()),
+            policy: None,
         }
+    }
+
+    /// Checks the URL's host with `policy` before every connection (a name may resolve
+    /// elsewhere by then) and connects to the very address it allowed.
+    pub fn guarded_by(mut self, policy: Arc<UrlPolicy>) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// The URL to connect to: the host replaced by the address the policy allowed.
+    async fn checked_target(&self) -> Result<Url, SourceError> {
+        let Some(policy) = &self.policy else {
+            return Ok(self.url.clone());
+        };
+        let refused = |reason: String| SourceError::Connect {
+            url: self.url.to_string(),
+            reason,
+        };
+        let address = policy
+            .rtsp_address(&self.url)
+            .await
+            .map_err(|r| refused(format!("stream url refused: {r}")))?;
+        let mut target = self.url.clone();
+        target
+            .set_ip_host(address)
+            .map_err(|()| refused(format!("cannot address {address} in the url")))?;
+        Ok(target)
     }
 }
 
@@ -97,7 +128,8 @@ impl RtspOpener {
             .creds(self.credentials.clone())
             .user_agent("peregrine".to_string())
             .session_group(self.session_group.clone());
-        let mut session = retina::client::Session::describe(self.url.clone(), options)
+        let target = self.checked_target().await?;
+        let mut session = retina::client::Session::describe(target, options)
             .await
             .map_err(connect_err)?;
         let found: Vec<String> = session

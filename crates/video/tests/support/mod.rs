@@ -17,7 +17,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use peregrine_types::{BBox, ClassNames, Detection};
 use peregrine_video::RtspTransport;
-use peregrine_video::{DetectError, Frame, FrameDetector, StreamConfig};
+use peregrine_video::{DetectError, Frame, FrameDetector, ManagerOptions, StreamConfig, StreamPolicy};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -35,6 +35,25 @@ pub fn h265_clip() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// Manager options whose stream policy allows what these tests open: the shared and
+/// transcoded clips, temporary files, and RTSP servers on loopback.
+pub fn local_options(detector: Arc<dyn FrameDetector>) -> ManagerOptions {
+    let mut options = ManagerOptions::new(detector);
+    options.stream_policy = StreamPolicy {
+        file_roots: [
+            repo_root().join("../shared/videos"),
+            repo_root().join(".cache/videos"),
+            std::env::temp_dir(),
+        ]
+        .into_iter()
+        .filter(|root| root.is_dir())
+        .collect(),
+        allow_hosts: vec!["127.0.0.1".into(), "::1".into()],
+        ..StreamPolicy::default()
+    };
+    options
 }
 
 /// A camera stream on `transport`, sampled at `fps` (every frame when `None`), decoded on
