@@ -6,7 +6,9 @@
 # `chroot --userspec` as the image's user. Then: the healthcheck passes, a photo is
 # detected over HTTP, SIGTERM stops the server cleanly. What this does not test: the
 # namespaces and cgroups a real runtime adds (network isolation, published ports).
-# Settings (env): IMAGE (default localhost/peregrine:<version>), STORAGE_DRIVER (vfs).
+# Settings (env): IMAGE (default localhost/peregrine:<version>), STORAGE_DRIVER (vfs),
+# EXTRA_ENV (space-separated NAME=value pairs added to the image's environment, e.g.
+# PEREGRINE_PROVIDER_FALLBACK=true for the GPU image on a machine without a GPU).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -52,6 +54,7 @@ mount --rbind /dev "$rootfs/dev"
 # refuses to start otherwise).
 in_image=(chroot --userspec="$user" "$rootfs" /usr/bin/env -i "${env[@]}"
     PEREGRINE_PORT="$port" PEREGRINE_GRPC_PORT="$grpc_port" PEREGRINE_ALLOW_ANONYMOUS=true
+    ${EXTRA_ENV:-}
     /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$workdir")
 # Started directly (not through a function, which would fork a subshell) so that $! is the
 # server itself once chroot, env and sh have exec'd.
