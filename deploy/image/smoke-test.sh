@@ -39,16 +39,23 @@ rootfs=$(podman "${storage[@]}" mount "$container")
 log=$(mktemp)
 pid=
 cleanup() {
-    [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+    if [ -n "$pid" ]; then kill -KILL "$pid" 2>/dev/null || true; fi
     umount "$rootfs/proc" 2>/dev/null || true
-    umount "$rootfs/dev" 2>/dev/null || true
-    podman "${storage[@]}" umount "$container" >/dev/null || true
-    podman "${storage[@]}" rm "$container" >/dev/null || true
+    umount -R "$rootfs/dev" 2>/dev/null || true
+    # Removing the container deletes its files: never while the machine's /dev is bound in.
+    if mountpoint -q "$rootfs/dev" || mountpoint -q "$rootfs/proc"; then
+        echo "image-test: $rootfs still has mounts; container $container left in place" >&2
+    else
+        podman "${storage[@]}" umount "$container" >/dev/null || true
+        podman "${storage[@]}" rm "$container" >/dev/null || true
+    fi
     rm -f "$log"
 }
 trap cleanup EXIT
 mount -t proc proc "$rootfs/proc"
 mount --rbind /dev "$rootfs/dev"
+# Slave, so that unmounting the copy's submounts (/dev/shm, /dev/pts) leaves the machine's.
+mount --make-rslave "$rootfs/dev"
 
 # PEREGRINE_ALLOW_ANONYMOUS: no API keys in this test (a non-loopback host without keys
 # refuses to start otherwise).
