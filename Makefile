@@ -3,7 +3,7 @@ CARGO ?= cargo
 # Without ARGS: the detection server on port 8080.
 ARGS ?= serve
 
-.PHONY: setup build run test bench bench-serving overload reload-memory lint fmt
+.PHONY: setup build run test bench bench-serving overload reload-memory image image-test lint fmt
 
 setup:
 	@./scripts/setup.sh
@@ -34,6 +34,15 @@ overload: build
 # Unload and reload a model 100 times: resident memory stays flat.
 reload-memory: build
 	./scripts/reload-memory.sh
+
+# The container image (deploy/image): a Debian 12 base made by mmdebstrap, built by
+# buildah without a daemon; also saved as target/image/peregrine.tar for `docker load`.
+image: build
+	./deploy/image/build.sh
+
+# Runs that image's filesystem as its own user (chroot), detects a photo, stops it.
+image-test: image
+	./deploy/image/smoke-test.sh
 
 lint:
 	$(CARGO) fmt --all --check

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the test suite needs beyond the build (run by `make test`, after setup.sh):
 # - a Python virtual environment in .cache/venv with Triton's own clients (tritonclient
-#   HTTP and gRPC), pytest and Pillow, pinned in tests/triton/requirements.txt, and the
+#   HTTP and gRPC), pytest, Pillow and kubernetes-validate (the Kubernetes JSON schemas ship
+#   in its wheel: tests/deploy needs no network), pinned in tests/triton/requirements.txt, and the
 #   tracker comparison's peers (Roboflow's trackers, supervision, motmetrics), pinned
 #   without dependencies in tests/video/requirements-tracking.txt;
 # - perf_analyzer 2.60.0 (PyPI) in .cache/perf-analyzer, runnable here through a private
