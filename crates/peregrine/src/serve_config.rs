@@ -59,6 +59,8 @@ pub struct ServeSettings {
     pub webhooks: Vec<peregrine_video::WebhookConfig>,
     /// Where object events and snapshots are kept (`[events]`).
     pub events: crate::events_config::EventsSettings,
+    /// API keys and what may be served without them (`[auth]`).
+    pub auth: crate::auth_config::AuthSettings,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -70,7 +72,7 @@ impl Default for ServeSettings {
         let model = ModelSettings::default();
         let engine = &model.engine;
         Self {
-            host: "0.0.0.0".into(),
+            host: "127.0.0.1".into(),
             port: 8080,
             grpc_port: 8001,
             allow_grpc: true,
@@ -111,6 +113,7 @@ impl Default for ServeSettings {
             mqtt: None,
             webhooks: Vec::new(),
             events: Default::default(),
+            auth: Default::default(),
             provider: Default::default(),
         }
     }
@@ -122,7 +125,8 @@ pub struct ServeArgs {
     /// TOML file with any of the settings below (same names, with underscores).
     #[arg(long, env = "PEREGRINE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Address to listen on [default: 0.0.0.0].
+    /// Address to listen on; any other than loopback needs API keys (or --allow-anonymous)
+    /// [default: 127.0.0.1].
     #[arg(long, env = "PEREGRINE_HOST")]
     pub host: Option<String>,
     /// HTTP port (REST: /v1 and KServe v2) [default: 8080].
@@ -259,6 +263,8 @@ pub struct ServeArgs {
     pub provider: crate::provider_args::ProviderArgs,
     #[command(flatten)]
     pub events: crate::events_config::EventsArgs,
+    #[command(flatten)]
+    pub auth: crate::auth_config::AuthArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -272,6 +278,7 @@ impl ServeArgs {
     pub fn resolve(mut self) -> Result<ServeSettings> {
         let provider = std::mem::take(&mut self.provider);
         let events = std::mem::take(&mut self.events);
+        let auth = std::mem::take(&mut self.auth);
         let mut s = match &self.config {
             Some(p) => read_file(p)?,
             None => ServeSettings::default(),
@@ -323,6 +330,7 @@ impl ServeArgs {
         );
         s.provider = provider;
         events.apply(&mut s.events);
+        auth.apply(&mut s.auth);
         s.validate()?;
         Ok(s)
     }
@@ -440,7 +448,7 @@ mod tests {
         let s = args.resolve().unwrap();
         assert_eq!(
             (s.port, s.max_batch, s.instances, s.host.as_str()),
-            (9000, 8, 2, "0.0.0.0")
+            (9000, 8, 2, "127.0.0.1")
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
