@@ -53,7 +53,7 @@ pub enum Denial {
     MissingKey,
     #[error("the API key is not valid")]
     UnknownKey,
-    #[error("API key {key_id:?} lacks the {scope:?} scope this request needs")]
+    #[error("API key {key_id:?} lacks the \"{scope}\" scope this request needs")]
     MissingScope { key_id: String, scope: Scope },
     #[error("API key {key_id:?} is over its rate limit; retry in {} ms", retry_after.as_millis())]
     RateLimited { key_id: String, retry_after: Duration },
