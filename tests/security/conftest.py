@@ -28,6 +28,14 @@ def new_key(key_id, scopes):
     return key, entry.strip() + "\n"
 
 
+def poll_until(done, seconds, what):
+    """Polls `done` every 0.1 s until it holds, failing after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.1)
+
+
 class KeyedServer:
     def __init__(self, proc, http, grpc, keys, log):
         self.proc, self.http, self.grpc, self.keys, self.log = proc, http, grpc, keys, log
@@ -64,13 +72,10 @@ def keyed_server():
 
     threading.Thread(target=read_stderr, daemon=True).start()
     http, grpc = addresses.get(timeout=60), addresses.get(timeout=60)
-    client = httpclient.InferenceServerClient(http)
-    deadline = time.time() + 180
     # Health is open without a key (the default): probes need none.
-    while not client.is_server_ready():
-        assert proc.poll() is None, "the server exited"
-        assert time.time() < deadline, "the server did not become ready"
-        time.sleep(0.1)
+    ready = httpclient.InferenceServerClient(http).is_server_ready
+    poll_until(lambda: ready() or proc.poll() is not None, 180, "the server became ready")
+    assert proc.poll() is None, "the server exited: " + "".join(log[-5:])
     yield KeyedServer(proc, http, grpc, keys, log)
     proc.terminate()
     proc.wait(30)
