@@ -162,6 +162,11 @@ impl KeyStore {
     /// compared against every stored hash in constant time, with no early exit, so the
     /// time taken says nothing about which key (or how much of one) matched.
     pub fn verify(&self, presented: &str) -> Option<&KeyEntry> {
+        self.position(presented).map(|i| &self.entries[i])
+    }
+
+    /// [`KeyStore::verify`], as the entry's index (where its limiter is kept).
+    pub(crate) fn position(&self, presented: &str) -> Option<usize> {
         let digest = sha256(presented.as_bytes());
         let mut matched = subtle::Choice::from(0);
         let mut index = 0u64;
@@ -170,7 +175,7 @@ impl KeyStore {
             index = u64::conditional_select(&index, &(i as u64), equal);
             matched |= equal;
         }
-        bool::from(matched).then(|| &self.entries[index as usize])
+        bool::from(matched).then_some(index as usize)
     }
 }
 

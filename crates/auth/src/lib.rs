@@ -144,9 +144,10 @@ impl<C: Clock + Clone> AccessControl<C> {
         if required == Requirement::Open {
             return Ok(grant(ANONYMOUS));
         }
-        let entry = store
-            .verify(presented.ok_or(Denial::MissingKey)?)
+        let index = store
+            .position(presented.ok_or(Denial::MissingKey)?)
             .ok_or(Denial::UnknownKey)?;
+        let entry = &store.entries()[index];
         if let Requirement::Scope(scope) = required {
             if !entry.allows(scope) {
                 return Err(Denial::MissingScope {
@@ -155,11 +156,6 @@ impl<C: Clock + Clone> AccessControl<C> {
                 });
             }
         }
-        let index = store
-            .entries()
-            .iter()
-            .position(|e| std::ptr::eq(e, entry))
-            .expect("verify returns one of the store's entries");
         let permit = limiters[index]
             .admit(&self.clock)
             .map_err(|limited| match limited {
