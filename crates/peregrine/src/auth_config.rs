@@ -256,6 +256,19 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_auth_example_is_a_valid_config() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("[auth]\n").expect("README has an [auth] example");
+        let end = start + readme[start..].find("```").unwrap();
+        let parsed: crate::serve_config::ServeSettings = toml::from_str(&readme[start..end]).unwrap();
+        assert_eq!(
+            parsed.auth.api_keys_file.as_deref(),
+            Some(Path::new("/etc/peregrine/keys.toml"))
+        );
+        assert!(parsed.auth.protect_metrics && !parsed.auth.allow_anonymous);
+    }
+
+    #[test]
     fn flags_override_the_file() {
         let mut s = AuthSettings {
             protect_health: true,
