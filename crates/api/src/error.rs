@@ -2,6 +2,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use peregrine_auth::Denial;
 use peregrine_engine::RequestError;
 use peregrine_registry::{LookupError, RegistryError, StoreError};
 use peregrine_types::ParamsError;
@@ -49,6 +50,9 @@ pub enum ApiError {
     Internal(String),
     #[error("not ready: {0}")]
     NotReady(String),
+    /// Access control refused the request (no key, unknown key, scope, limits).
+    #[error(transparent)]
+    Denied(#[from] Denial),
 }
 
 impl ApiError {
@@ -93,6 +97,11 @@ impl ApiError {
             Self::Events(e) if e.is_bad_request() => StatusCode::BAD_REQUEST,
             Self::Events(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Registry(e) => Self::registry_status(e),
+            Self::Denied(Denial::MissingKey | Denial::UnknownKey) => StatusCode::UNAUTHORIZED,
+            Self::Denied(Denial::MissingScope { .. }) => StatusCode::FORBIDDEN,
+            Self::Denied(Denial::RateLimited { .. } | Denial::ConcurrencyLimited { .. }) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::Stream(e) => match e {
                 ManagerError::Duplicate(_) => StatusCode::CONFLICT,
                 ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -140,6 +149,11 @@ impl ApiError {
                 RegistryError::Store(StoreError::Io(_)) => Code::Internal,
                 RegistryError::Stopped => Code::Unavailable,
             },
+            Self::Denied(Denial::MissingKey | Denial::UnknownKey) => Code::Unauthenticated,
+            Self::Denied(Denial::MissingScope { .. }) => Code::PermissionDenied,
+            Self::Denied(Denial::RateLimited { .. } | Denial::ConcurrencyLimited { .. }) => {
+                Code::ResourceExhausted
+            }
             Self::Stream(e) => match e {
                 ManagerError::Duplicate(_) => Code::AlreadyExists,
                 ManagerError::NotFound(_) => Code::NotFound,
@@ -188,6 +202,7 @@ impl ApiError {
             Self::Events(_) => "event_store_error",
             Self::Internal(_) => "internal",
             Self::NotReady(_) => "not_ready",
+            Self::Denied(d) => d.outcome(),
         }
     }
 
@@ -195,6 +210,7 @@ impl ApiError {
     pub fn outcome(&self) -> &'static str {
         match self {
             Self::Request(e) | Self::Image { source: e, .. } => e.outcome(),
+            Self::Denied(_) => "denied",
             _ => "bad_input",
         }
     }
@@ -210,13 +226,19 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
             // A backlog says how long it needs to drain; everything else, a second.
             let secs = match &self {
-                Self::Request(e) | Self::Image { source: e, .. } => e.retry_after(),
+                Self::Request(e) | Self::Image { source: e, .. } => e.retry_after().map(|d| d.as_secs()),
+                Self::Denied(d) => d.retry_after_secs(),
                 _ => None,
             }
-            .map_or(1, |d| d.as_secs().max(1));
+            .map_or(1, |s| s.max(1));
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -335,6 +357,33 @@ mod tests {
         for (e, code) in cases {
             assert_eq!(e.grpc_code(), code, "{e}");
         }
+    }
+
+    #[test]
+    fn denials_are_401_403_or_429_and_say_how_to_authenticate_or_when_to_retry() {
+        let unauthorized = ApiError::from(Denial::UnknownKey).into_response();
+        assert_eq!(unauthorized.status(), 401);
+        assert_eq!(unauthorized.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let forbidden = ApiError::from(Denial::MissingScope {
+            key_id: "ci".into(),
+            scope: peregrine_auth::Scope::Admin,
+        });
+        assert_eq!(
+            (forbidden.status().as_u16(), forbidden.grpc_code()),
+            (403, tonic::Code::PermissionDenied)
+        );
+        let limited = ApiError::from(Denial::RateLimited {
+            key_id: "ci".into(),
+            retry_after: std::time::Duration::from_millis(2100),
+        });
+        assert_eq!(limited.grpc_code(), tonic::Code::ResourceExhausted);
+        let r = limited.into_response();
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(
+            ApiError::from(Denial::MissingKey).grpc_code(),
+            tonic::Code::Unauthenticated
+        );
     }
 
     #[test]

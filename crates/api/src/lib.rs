@@ -11,12 +11,15 @@
 //! - `body`: reading bodies under the size and time limits; each request's deadline.
 //! - `health`: liveness, readiness (every model the server should serve is warmed up, and
 //!   the server is not draining), `/metrics`.
+//! - [`access`]: which scope each route and gRPC method needs; the middleware and the gRPC
+//!   layer that refuse requests without a key allowed to make them.
 //! - [`drain`]: shutdown in two steps: new requests refused while admitted ones finish.
 //! - `error`: [`ApiError`], the single mapping from engine and registry errors to HTTP
 //!   status codes and to gRPC codes.
 //! - `wire`: request and response bodies.
 //! - `openapi.json`: the API description served at `/openapi.json`.
 
+pub mod access;
 mod body;
 mod detect;
 pub mod drain;
@@ -75,6 +78,8 @@ pub struct AppState {
     /// Shutdown's first step: readiness turns false and new requests get 503, so load
     /// balancers move away, while admitted requests finish.
     pub drain: Arc<drain::Drain>,
+    /// Who may call what (API keys; [`access::Access::anonymous`] when off).
+    pub access: access::Access,
 }
 
 impl AppState {
@@ -165,6 +170,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events/{id}", get(events::get).delete(events::delete))
         .route("/v1/events/{id}/snapshot.jpg", get(events::snapshot))
         .merge(kserve::routes())
+        // Matched routes only, so that the middleware sees the route's template.
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), access::gate))
         .fallback(|| async { ApiError::NotFound })
         .layer(axum::middleware::from_fn_with_state(state.clone(), drain::gate))
         .with_state(state)

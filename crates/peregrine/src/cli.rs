@@ -46,6 +46,8 @@ pub enum Command {
     BenchModel(crate::model_bench::ModelBenchArgs),
     /// Measure image preparation alone (decode and letterbox) on several threads.
     BenchDecode(crate::decode_bench::DecodeBenchArgs),
+    /// Manage API keys (`keys new`).
+    Keys(crate::auth_config::KeysArgs),
 }
 
 /// Options shared by everything that loads a model.

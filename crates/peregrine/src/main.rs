@@ -1,6 +1,7 @@
 //! The `peregrine` binary: command-line parsing, configuration and wiring. Everything it
 //! does is delegated to the library crates; this is the only crate that uses `anyhow`.
 
+mod auth_config;
 mod cli;
 mod decode_bench;
 mod detect;
@@ -35,6 +36,7 @@ fn main() -> ExitCode {
         cli::Command::Bench(args) => loadgen::run(args),
         cli::Command::BenchModel(args) => model_bench::run(args),
         cli::Command::BenchDecode(args) => decode_bench::run(args),
+        cli::Command::Keys(args) => auth_config::run_keys(args),
     };
     match result {
         Ok(code) => code,

@@ -98,6 +98,9 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<tokio::net::TcpListen
 }
 
 async fn serve(s: ServeSettings) -> Result<ExitCode> {
+    // Before anything starts: a server that may not listen as configured stops here.
+    let access = s.auth.access(&s.host)?;
+    s.auth.spawn_reload(access.clone());
     let metrics = peregrine_api::install_metrics_recorder().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
     let registry = ModelRegistry::start(registry_config(&s), Arc::new(OrtLoader));
     let events = s.events.open().await?;
@@ -116,6 +119,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         },
         metrics,
         drain: drain.clone(),
+        access,
     };
     let tls = s.tls.start()?;
     let (listener, grpc_listener) = listen(&s, tls.is_some()).await?;

@@ -65,6 +65,8 @@ pub struct ServeSettings {
     pub shard: crate::shard_config::ShardSettings,
     /// Which stream URLs may be opened (`[stream_policy]`).
     pub stream_policy: crate::stream_policy_config::StreamPolicySettings,
+    /// API keys and what may be served without them (`[auth]`).
+    pub auth: crate::auth_config::AuthSettings,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -76,7 +78,7 @@ impl Default for ServeSettings {
         let model = ModelSettings::default();
         let engine = &model.engine;
         Self {
-            host: "0.0.0.0".into(),
+            host: "127.0.0.1".into(),
             port: 8080,
             grpc_port: 8001,
             allow_grpc: true,
@@ -120,6 +122,7 @@ impl Default for ServeSettings {
             tls: Default::default(),
             shard: Default::default(),
             stream_policy: Default::default(),
+            auth: Default::default(),
             provider: Default::default(),
         }
     }
@@ -131,7 +134,8 @@ pub struct ServeArgs {
     /// TOML file with any of the settings below (same names, with underscores).
     #[arg(long, env = "PEREGRINE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Address to listen on [default: 0.0.0.0].
+    /// Address to listen on; any other than loopback needs API keys (or --allow-anonymous)
+    /// [default: 127.0.0.1].
     #[arg(long, env = "PEREGRINE_HOST")]
     pub host: Option<String>,
     /// HTTP port (REST: /v1 and KServe v2) [default: 8080].
@@ -274,6 +278,8 @@ pub struct ServeArgs {
     pub shard: crate::shard_config::ShardArgs,
     #[command(flatten)]
     pub stream_policy: crate::stream_policy_config::StreamPolicyArgs,
+    #[command(flatten)]
+    pub auth: crate::auth_config::AuthArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -288,6 +294,7 @@ impl ServeArgs {
         let provider = std::mem::take(&mut self.provider);
         let events = std::mem::take(&mut self.events);
         let tls = std::mem::take(&mut self.tls);
+        let auth = std::mem::take(&mut self.auth);
         let mut s = match &self.config {
             Some(p) => read_file(p)?,
             None => ServeSettings::default(),
@@ -342,6 +349,7 @@ impl ServeArgs {
         tls.apply(&mut s.tls);
         std::mem::take(&mut self.shard).apply(&mut s.shard);
         std::mem::take(&mut self.stream_policy).apply(&mut s.stream_policy);
+        auth.apply(&mut s.auth);
         s.validate()?;
         Ok(s)
     }
@@ -462,7 +470,7 @@ mod tests {
         let s = args.resolve().unwrap();
         assert_eq!(
             (s.port, s.max_batch, s.instances, s.host.as_str()),
-            (9000, 8, 2, "0.0.0.0")
+            (9000, 8, 2, "127.0.0.1")
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -381,9 +381,11 @@ pub async fn serve(
     });
     // HTTP/2's default 64 KiB flow-control window makes a 1.2 MB image tensor wait for a
     // dozen window updates; large windows let a request arrive in one round trip.
+    let access = crate::access::GrpcAccessLayer(state.access.clone());
     let router = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(32 << 20))
+        .layer(access)
         .add_service(health)
         .add_service(InferenceService::new(state).into_server());
     let outcome = match listener {

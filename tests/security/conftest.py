@@ -1,0 +1,84 @@
+"""One `peregrine serve` with an API keys file for the security suite: keys made by
+`peregrine keys new`, the embedded model. The binary is $PEREGRINE_BIN (default: the debug
+build that `cargo test` leaves in target/debug)."""
+
+import os
+import pathlib
+import queue
+import re
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+import tritonclient.http as httpclient
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHARED = pathlib.Path(os.environ.get("PEREGRINE_SHARED", ROOT.parent / "shared"))
+BINARY = os.environ.get("PEREGRINE_BIN", str(ROOT / "target" / "debug" / "peregrine"))
+ADDRESS = re.compile(r"peregrine: (?:gRPC )?listening on (?:http://)?(\S+)")
+
+
+def new_key(key_id, scopes):
+    """A fresh key and its keys-file entry, as an operator makes them."""
+    out = subprocess.run([BINARY, "keys", "new", "--id", key_id, "--scopes", scopes],
+                         check=True, capture_output=True, text=True).stdout
+    key, entry = out.split("\n", 1)
+    return key, entry.strip() + "\n"
+
+
+def poll_until(done, seconds, what):
+    """Polls `done` every 0.1 s until it holds, failing after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.1)
+
+
+class KeyedServer:
+    def __init__(self, proc, http, grpc, keys, log):
+        self.proc, self.http, self.grpc, self.keys, self.log = proc, http, grpc, keys, log
+
+
+@pytest.fixture(scope="session")
+def bus_jpeg():
+    return (SHARED / "images" / "bus.jpg").read_bytes()
+
+
+@pytest.fixture(scope="session")
+def keyed_server():
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="peregrine-security-"))
+    keys, entries = {}, []
+    for key_id, scopes in [("reader", "infer"), ("ops", "admin,infer")]:
+        keys[key_id], entry = new_key(key_id, scopes)
+        entries.append(entry)
+    (folder / "keys.toml").write_text("\n".join(entries))
+    proc = subprocess.Popen(
+        [BINARY, "serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
+         "--threads", "1", "--log-format", "text", "--events-db", "none",
+         "--api-keys-file", str(folder / "keys.toml")],
+        stderr=subprocess.PIPE, text=True)
+    log, addresses = [], queue.Queue()
+
+    def read_stderr():
+        # Keeps draining so the server never blocks on a full pipe; the log is kept for
+        # the tests to search.
+        for line in proc.stderr:
+            log.append(line)
+            m = ADDRESS.match(line)
+            if m:
+                addresses.put(m.group(1))
+
+    threading.Thread(target=read_stderr, daemon=True).start()
+    http, grpc = addresses.get(timeout=60), addresses.get(timeout=60)
+    # Health is open without a key (the default): probes need none.
+    ready = httpclient.InferenceServerClient(http).is_server_ready
+    poll_until(lambda: ready() or proc.poll() is not None, 180, "the server became ready")
+    assert proc.poll() is None, "the server exited: " + "".join(log[-5:])
+    yield KeyedServer(proc, http, grpc, keys, log)
+    proc.terminate()
+    proc.wait(30)
+    for f in folder.iterdir():
+        f.unlink()
+    folder.rmdir()
