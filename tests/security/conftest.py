@@ -6,6 +6,7 @@ import os
 import pathlib
 import queue
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -36,6 +37,22 @@ def poll_until(done, seconds, what):
         time.sleep(0.1)
 
 
+MAX_BODY = 2 << 20
+
+
+def repository(folder):
+    """A model repository holding yolo11n (hard-linked from models/) and a secret file
+    beside it that no model name may reach."""
+    repo = folder / "repo"
+    (repo / "yolo11n" / "1").mkdir(parents=True)
+    try:
+        os.link(ROOT / "models" / "yolo11n.onnx", repo / "yolo11n" / "1" / "model.onnx")
+    except OSError:  # another file system
+        shutil.copy(ROOT / "models" / "yolo11n.onnx", repo / "yolo11n" / "1" / "model.onnx")
+    (folder / "secret.onnx").write_text("not a model")
+    return repo
+
+
 class KeyedServer:
     def __init__(self, proc, http, grpc, keys, log):
         self.proc, self.http, self.grpc, self.keys, self.log = proc, http, grpc, keys, log
@@ -50,14 +67,18 @@ def bus_jpeg():
 def keyed_server():
     folder = pathlib.Path(tempfile.mkdtemp(prefix="peregrine-security-"))
     keys, entries = {}, []
-    for key_id, scopes in [("reader", "infer"), ("ops", "admin,infer")]:
+    for key_id, scopes in [("reader", "infer"), ("ops", "admin,infer"), ("cams", "streams")]:
         keys[key_id], entry = new_key(key_id, scopes)
         entries.append(entry)
     (folder / "keys.toml").write_text("\n".join(entries))
     proc = subprocess.Popen(
         [BINARY, "serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
          "--threads", "1", "--log-format", "text", "--events-db", "none",
-         "--api-keys-file", str(folder / "keys.toml")],
+         "--api-keys-file", str(folder / "keys.toml"),
+         # A repository, so that model names reach the file system (path traversal), and
+         # limits small enough for the attacks to hit them quickly.
+         "--model-repository", str(repository(folder)), "--max-body-bytes", str(MAX_BODY),
+         "--body-timeout-ms", "1000", "--stream-file-roots", str(SHARED / "videos")],
         stderr=subprocess.PIPE, text=True)
     log, addresses = [], queue.Queue()
 
@@ -79,6 +100,4 @@ def keyed_server():
     yield KeyedServer(proc, http, grpc, keys, log)
     proc.terminate()
     proc.wait(30)
-    for f in folder.iterdir():
-        f.unlink()
-    folder.rmdir()
+    shutil.rmtree(folder, ignore_errors=True)

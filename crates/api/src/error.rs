@@ -219,6 +219,18 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
+        // Refusals of a client's way of sending (the slow and the oversized) are how attacks
+        // look, so they reach the default (warn) log; auth and the stream policy log their
+        // own refusals where they decide them.
+        match &self {
+            Self::BodyTooLarge { .. } | Self::BodyTimeout { .. } => {
+                tracing::warn!(status = status.as_u16(), code = self.code(), "refused: {self}");
+            }
+            _ if status.is_server_error() => {
+                tracing::warn!(status = status.as_u16(), code = self.code(), "{self}");
+            }
+            _ => tracing::debug!(status = status.as_u16(), code = self.code(), "{self}"),
+        }
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code(),

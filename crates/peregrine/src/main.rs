@@ -14,9 +14,9 @@ mod provider_args;
 mod report;
 mod serve;
 mod serve_config;
-mod tls_config;
 mod shard_config;
 mod stream_policy_config;
+mod tls_config;
 mod video;
 
 use std::process::ExitCode;

@@ -65,9 +65,9 @@ pub use manager::{
     ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamReport, StreamSummary,
 };
 pub use peregrine_types::{ManualWallClock, SystemWallClock, WallClock};
-pub use shard::{rendezvous_owner, shard_weight, ShardAssignment, ShardError, ShardPlacement, SkippedStream};
 pub use policy::address::RefusedRange;
 pub use policy::{HostResolver, StreamPolicy, SystemResolver, UrlPolicy, UrlRefusal};
+pub use shard::{rendezvous_owner, shard_weight, ShardAssignment, ShardError, ShardPlacement, SkippedStream};
 pub use sinks::mqtt::{MqttConfig, MqttSink, MqttStats};
 pub use sinks::store::StoreSink;
 pub use sinks::webhook::{WebhookConfig, WebhookSink, WebhookStats};
