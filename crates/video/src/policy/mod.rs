@@ -215,10 +215,16 @@ impl UrlPolicy {
         }
     }
 
-    /// Judges a stream's source before anything of it is opened.
+    /// Judges a stream's source before anything of it is opened. A camera name that does
+    /// not resolve now is let in: DNS being down must not stop a server's start or lose a
+    /// camera; the check before every connection refuses it until it resolves (the stream
+    /// backs off with the reason), and judges the address it resolves to then.
     pub(crate) async fn admit(&self, source: &SourceUrl) -> Result<(), UrlRefusal> {
         match source {
-            SourceUrl::Rtsp(url) => self.rtsp_address(url).await.map(|_| ()),
+            SourceUrl::Rtsp(url) => match self.rtsp_address(url).await {
+                Ok(_) | Err(UrlRefusal::Unresolved { .. }) => Ok(()),
+                Err(refusal) => Err(refusal),
+            },
             SourceUrl::File(path) => self.file_path(path).map(|_| ()),
         }
     }

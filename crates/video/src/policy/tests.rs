@@ -91,9 +91,15 @@ async fn refuses_local_and_metadata_hosts_in_every_spelling() {
         ("rtsp://0177.0.0.1/", "dotted quad"),
         ("rtsp://127.1/", "dotted quad"),
         ("rtsp://%6c%6f%63%61%6c%68%6f%73%74/", "not a plain host name"),
-        ("rtsp://nowhere.example/", "does not resolve"),
         ("rtsp:///path", "no host"),
     ];
+    // A name that does not resolve is let in, and refused before each connection.
+    judge(&policy, "rtsp://nowhere.example/").await.unwrap();
+    let unresolved = policy
+        .rtsp_address(&Url::parse("rtsp://nowhere.example/").unwrap())
+        .await
+        .unwrap_err();
+    assert!(unresolved.to_string().contains("host nowhere.example does not resolve"), "{unresolved}");
     for (url, want) in cases {
         let refusal = judge(&policy, url).await.expect_err(url);
         let message = refusal.to_string();
