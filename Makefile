@@ -3,7 +3,7 @@ CARGO ?= cargo
 # Without ARGS: the detection server on port 8080.
 ARGS ?= serve
 
-.PHONY: setup build run test bench bench-serving overload reload-memory image image-test lint fmt
+.PHONY: setup build run test bench bench-serving overload reload-memory image image-test lint fmt audit
 
 setup:
 	@./scripts/setup.sh
@@ -43,6 +43,10 @@ image: build
 # Runs that image's filesystem as its own user (chroot), detects a photo, stops it.
 image-test: image
 	./deploy/image/smoke-test.sh
+
+# RustSec advisories over Cargo.lock, offline (scripts/audit.sh).
+audit:
+	./scripts/audit.sh
 
 lint:
 	$(CARGO) fmt --all --check
