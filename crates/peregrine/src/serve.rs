@@ -235,7 +235,7 @@ async fn start_video(
         mqtt: s.mqtt.clone(),
         webhooks: s.webhooks.clone(),
     };
-    let configured = ConfiguredSinks::start(&video).context("starting the video sinks")?;
+    let configured = ConfiguredSinks::start(&video, events.is_some()).context("starting the video sinks")?;
     let store = events.map(|e| StoreSink::start(e, s.events.snapshots_dir.clone()));
     let mut options = ManagerOptions::new(Arc::new(EngineFrames {
         registry: registry.clone(),

@@ -88,7 +88,7 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
         broker.port
     );
     let config: VideoConfig = toml::from_str(&text).expect("config parses");
-    let sinks = ConfiguredSinks::start(&config).unwrap();
+    let sinks = ConfiguredSinks::start(&config, true).unwrap();
     let mut options = local_options(instant_detector());
     options.sinks = sinks.queues();
     let manager = StreamManager::start(options, config.streams.clone())
@@ -185,7 +185,7 @@ async fn the_mqtt_sink_reconnects_after_the_broker_restarts_and_republishes_stat
     let mut config = MqttConfig::new("127.0.0.1", broker.port);
     config.topic_prefix = "pv-restart".into();
     config.client_id = "peregrine-restart".into();
-    let sink = MqttSink::start(&config).unwrap();
+    let sink = MqttSink::start(&config, true).unwrap();
     let mut options = local_options(instant_detector());
     options.sinks.push(sink.queue());
     let manager = StreamManager::start(options, vec![file_stream("file1")])
@@ -359,7 +359,7 @@ async fn webhooks_retry_failures_and_deliver_json() {
     let mut config = WebhookConfig::new(format!("http://127.0.0.1:{port}/hook"));
     config.retry_initial_ms = 20;
     config.max_attempts = 5;
-    let hook = WebhookSink::start(&config).unwrap();
+    let hook = WebhookSink::start(&config, true).unwrap();
     let mut options = local_options(instant_detector());
     options.sinks.push(hook.queue());
     let manager = StreamManager::start(options, vec![file_stream("file1")])
@@ -385,7 +385,7 @@ async fn a_hanging_webhook_drops_its_oldest_events_and_never_slows_detection() {
     let mut config = WebhookConfig::new(format!("http://127.0.0.1:{port}/hook"));
     config.timeout_ms = 60_000;
     config.queue = 4;
-    let hook = WebhookSink::start(&config).unwrap();
+    let hook = WebhookSink::start(&config, true).unwrap();
     let queue = hook.queue();
     let mut options = local_options(instant_detector());
     options.sinks.push(queue.clone());
@@ -427,8 +427,8 @@ async fn mqtt_over_tls_reaches_a_broker_the_configured_ca_vouches_for_and_no_oth
     untrusted.topic_prefix = "pv-untrusted".into();
     untrusted.client_id = "peregrine-untrusted".into();
     let sinks = [
-        MqttSink::start(&trusted).unwrap(),
-        MqttSink::start(&untrusted).unwrap(),
+        MqttSink::start(&trusted, true).unwrap(),
+        MqttSink::start(&untrusted, true).unwrap(),
     ];
     let mut options = local_options(instant_detector());
     options.sinks = sinks.iter().map(MqttSink::queue).collect();
@@ -468,16 +468,16 @@ fn tls_settings_are_checked_when_a_sink_starts() {
     let _guard = rt.enter();
     let mut mqtt = MqttConfig::new("127.0.0.1", 8883);
     mqtt.ca_file = Some("/nonexistent/ca.pem".into());
-    let err = MqttSink::start(&mqtt).unwrap_err().to_string();
+    let err = MqttSink::start(&mqtt, true).unwrap_err().to_string();
     assert!(err.contains("need tls = true"), "{err}");
     mqtt.tls = true;
-    let err = MqttSink::start(&mqtt).unwrap_err().to_string();
+    let err = MqttSink::start(&mqtt, true).unwrap_err().to_string();
     assert!(err.contains("ca_file /nonexistent/ca.pem"), "{err}");
     let mut hook = WebhookConfig::new("http://127.0.0.1:1/hook");
     hook.ca_file = Some("/nonexistent/ca.pem".into());
-    let err = WebhookSink::start(&hook).unwrap_err().to_string();
+    let err = WebhookSink::start(&hook, true).unwrap_err().to_string();
     assert!(err.contains("need an https:// url"), "{err}");
-    let err = WebhookSink::start(&WebhookConfig::new("ftp://127.0.0.1/x"))
+    let err = WebhookSink::start(&WebhookConfig::new("ftp://127.0.0.1/x"), true)
         .unwrap_err()
         .to_string();
     assert!(err.contains("http:// or https://, not ftp://"), "{err}");
@@ -494,8 +494,8 @@ async fn https_webhooks_deliver_to_an_endpoint_the_configured_ca_vouches_for_and
     untrusted.max_attempts = 2;
     untrusted.retry_initial_ms = 20;
     let hooks = [
-        WebhookSink::start(&trusted).unwrap(),
-        WebhookSink::start(&untrusted).unwrap(),
+        WebhookSink::start(&trusted, true).unwrap(),
+        WebhookSink::start(&untrusted, true).unwrap(),
     ];
     let mut options = local_options(instant_detector());
     options.sinks = hooks.iter().map(WebhookSink::queue).collect();

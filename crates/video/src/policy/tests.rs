@@ -99,7 +99,12 @@ async fn refuses_local_and_metadata_hosts_in_every_spelling() {
         .rtsp_address(&Url::parse("rtsp://nowhere.example/").unwrap())
         .await
         .unwrap_err();
-    assert!(unresolved.to_string().contains("host nowhere.example does not resolve"), "{unresolved}");
+    assert!(
+        unresolved
+            .to_string()
+            .contains("host nowhere.example does not resolve"),
+        "{unresolved}"
+    );
     for (url, want) in cases {
         let refusal = judge(&policy, url).await.expect_err(url);
         let message = refusal.to_string();

@@ -22,12 +22,17 @@ pub struct ConfiguredSinks {
 
 impl ConfiguredSinks {
     /// Starts every configured sink (inside a tokio runtime); the first bad one fails all.
-    pub fn start(config: &crate::VideoConfig) -> Result<Self, SinkError> {
-        let mqtt = config.mqtt.as_ref().map(mqtt::MqttSink::start).transpose()?;
+    /// `snapshots_served`: the event store keeps snapshots, so object events link them.
+    pub fn start(config: &crate::VideoConfig, snapshots_served: bool) -> Result<Self, SinkError> {
+        let mqtt = config
+            .mqtt
+            .as_ref()
+            .map(|c| mqtt::MqttSink::start(c, snapshots_served))
+            .transpose()?;
         let webhooks = config
             .webhooks
             .iter()
-            .map(webhook::WebhookSink::start)
+            .map(|c| webhook::WebhookSink::start(c, snapshots_served))
             .collect::<Result<_, _>>()?;
         Ok(Self { mqtt, webhooks })
     }

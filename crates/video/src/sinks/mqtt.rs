@@ -183,7 +183,9 @@ pub struct MqttSink {
 impl MqttSink {
     /// Starts the connection (in the background; an absent broker is retried) and the
     /// publisher. Must be called inside a tokio runtime.
-    pub fn start(config: &MqttConfig) -> Result<Self, SinkError> {
+    /// Starts the sink; `snapshots_served`: object events link their snapshots (the event
+    /// store keeps them and the API serves them).
+    pub fn start(config: &MqttConfig, snapshots_served: bool) -> Result<Self, SinkError> {
         let bad = |problem: &str| SinkError::Config {
             sink: "mqtt",
             problem: problem.into(),
@@ -235,7 +237,10 @@ impl MqttSink {
         let publisher = tokio::spawn(publish_messages(
             queue.clone(),
             client.clone(),
-            config.topic_prefix.clone(),
+            Topics {
+                prefix: config.topic_prefix.clone(),
+                snapshots_served,
+            },
             connected,
         ));
         Ok(Self {
@@ -288,10 +293,16 @@ impl MqttSink {
 
 /// Publishes the queue's messages; after every connection, each stream's latest status
 /// again (see the module's notes). `connected` counts connections.
+/// Where and how the publisher writes.
+struct Topics {
+    prefix: String,
+    snapshots_served: bool,
+}
+
 async fn publish_messages(
     queue: SinkQueue,
     client: AsyncClient,
-    prefix: String,
+    topics: Topics,
     mut connected: watch::Receiver<u64>,
 ) {
     // One entry per stream that has not stopped: bounded by the running streams.
@@ -308,13 +319,13 @@ async fn publish_messages(
                         statuses.insert(change.stream.clone(), change.clone());
                     }
                 }
-                publish(&client, &prefix, &message).await
+                publish(&client, &topics, &message).await
             }
             changed = connected.changed(), if connection_alive => {
                 connection_alive = changed.is_ok();
                 let mut sent = Ok(());
                 for change in statuses.values() {
-                    sent = sent.and(publish(&client, &prefix, &SinkMessage::Status(change.clone())).await);
+                    sent = sent.and(publish(&client, &topics, &SinkMessage::Status(change.clone())).await);
                 }
                 sent
             }
@@ -328,9 +339,10 @@ async fn publish_messages(
 
 async fn publish(
     client: &AsyncClient,
-    prefix: &str,
+    topics: &Topics,
     message: &SinkMessage,
 ) -> Result<(), rumqttc::ClientError> {
+    let prefix = topics.prefix.as_str();
     let sent = match message {
         SinkMessage::Detection(event) => {
             let topic = format!("{prefix}/{}/detections", event.stream);
@@ -344,7 +356,7 @@ async fn publish(
                 .publish(topic, QoS::AtLeastOnce, true, wire::status_json(change))
                 .await
         }
-        SinkMessage::Object(event) => publish_object(client, prefix, event).await,
+        SinkMessage::Object(event) => publish_object(client, topics, event).await,
     };
     if sent.is_ok() {
         telemetry::sink_delivered("mqtt");
@@ -360,10 +372,11 @@ const MAX_OUTGOING_PACKET: usize = 8 << 20;
 /// as Frigate publishes them).
 async fn publish_object(
     client: &AsyncClient,
-    prefix: &str,
+    topics: &Topics,
     event: &crate::event::ObjectEvent,
 ) -> Result<(), rumqttc::ClientError> {
-    let body = wire::object_json(event, event.snapshot.is_some());
+    let prefix = topics.prefix.as_str();
+    let body = wire::sink_object_json(event, topics.snapshots_served);
     client
         .publish(format!("{prefix}/events"), QoS::AtLeastOnce, false, body)
         .await?;

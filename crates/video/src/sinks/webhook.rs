@@ -106,7 +106,9 @@ pub struct WebhookSink {
 }
 
 impl WebhookSink {
-    pub fn start(config: &WebhookConfig) -> Result<Self, SinkError> {
+    /// Starts the sink; `snapshots_served`: object events link their snapshots (the event
+    /// store keeps them and the API serves them).
+    pub fn start(config: &WebhookConfig, snapshots_served: bool) -> Result<Self, SinkError> {
         let bad = |problem: String| SinkError::Config {
             sink: "webhook",
             problem,
@@ -139,6 +141,7 @@ impl WebhookSink {
             url,
             config: config.clone(),
             stats: stats.clone(),
+            snapshots_served,
         };
         let task = tokio::spawn(delivery.run(queue.clone()));
         Ok(Self { queue, stats, task })
@@ -169,6 +172,7 @@ struct Delivery {
     url: reqwest::Url,
     config: WebhookConfig,
     stats: Arc<WebhookStats>,
+    snapshots_served: bool,
 }
 
 enum Attempt {
@@ -183,7 +187,7 @@ impl Delivery {
             let body = match &message {
                 SinkMessage::Detection(e) if self.wanted(&e.stream) => wire::event_json(e),
                 SinkMessage::Object(e) if self.wanted(&e.stream) => {
-                    wire::object_json(e, e.snapshot.is_some())
+                    wire::sink_object_json(e, self.snapshots_served)
                 }
                 SinkMessage::Status(c) if self.config.include_status && self.wanted(&c.stream) => {
                     wire::status_json(c)

@@ -176,6 +176,13 @@ pub fn snapshot_url(id: &str) -> String {
     format!("/v1/events/{id}/snapshot.jpg")
 }
 
+/// An object event as a sink (MQTT, webhooks) sends it: with a `snapshot_url` only when it
+/// has a snapshot and `snapshots_served` (the event store keeps snapshots, so the API
+/// answers that URL; without a store it would be a 404).
+pub fn sink_object_json(event: &ObjectEvent, snapshots_served: bool) -> Vec<u8> {
+    object_json(event, snapshots_served && event.snapshot.is_some())
+}
+
 /// An object event as JSON bytes. `has_snapshot`: whether a snapshot is (or will be)
 /// stored for it; the store keeps the same JSON, so it says so even after the bytes left.
 pub fn object_json(event: &ObjectEvent, has_snapshot: bool) -> Vec<u8> {
@@ -284,6 +291,7 @@ pub fn status_json(change: &StatusChange) -> Vec<u8> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use peregrine_types::{BBox, ClassNames, Detection};
@@ -414,5 +422,21 @@ pub(crate) mod tests {
         assert_eq!(v["first_seen_unix_ms"], 100_000);
         assert_eq!(v["best_score"], 0.75);
         assert!(v.get("snapshot_url").is_none() && v.get("zone").is_none());
+    }
+
+    #[test]
+    fn sinks_link_a_snapshot_only_when_the_store_serves_it() {
+        let mut start = object(ObjectEventKind::Start);
+        let link = |e: &ObjectEvent, served| {
+            let v: serde_json::Value = serde_json::from_slice(&sink_object_json(e, served)).unwrap();
+            v.get("snapshot_url").cloned()
+        };
+        assert_eq!(link(&start, true), None, "no snapshot taken");
+        start.snapshot = Some(Arc::new(vec![0xff, 0xd8]));
+        assert_eq!(link(&start, false), None, "no store to serve it");
+        assert_eq!(
+            link(&start, true).unwrap(),
+            "/v1/events/019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50/snapshot.jpg"
+        );
     }
 }
