@@ -147,6 +147,31 @@ def test_object_events_are_stored_paged_and_have_snapshots(peers):
     assert get(f"{peers.base}{first['snapshot_url']}")[0] == 404
 
 
+def iou(a, b):
+    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - iw * ih
+    return iw * ih / union if union > 0 else 0.0
+
+
+def test_snapshots_show_the_object_of_their_event(peers):
+    """Each snapshot is the event's own frame: the detector, run on the snapshot itself
+    (boxes and labels drawn on it), finds the event's object where the event says."""
+    body = wait_events(peers.base, "stream=cam1&type=object.start&limit=100", want=5)
+    confident = [e for e in body["events"] if e["score"] >= 0.5 and "snapshot_url" in e][:5]
+    assert confident, body["events"]
+    for event in confident:
+        status, _, jpeg = get(f"{peers.base}{event['snapshot_url']}")
+        assert status == 200, event
+        req = urllib.request.Request(f"{peers.base}/v1/detect", data=jpeg, method="POST",
+                                     headers={"content-type": "image/jpeg"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            found = json.loads(r.read())["detections"]
+        best = max((iou(d["box"], event["box"]) for d in found if d["class_name"] == event["label"]),
+                   default=0.0)
+        assert best >= 0.5, (event, found)
+
+
 @pytest.mark.parametrize("query, says", [
     ("limit=0", "limit 0"),
     ("limit=5000", "limit 5000"),
