@@ -2,8 +2,8 @@
 //!
 //! - [`CertificateFiles`]: the PEM files (certificate chain, private key, optionally the CA
 //!   that client certificates must chain to, which turns on mutual TLS).
-//! - [`ReloadingConfig`]: the rustls server configuration those files make, rebuilt when any
-//!   of them changes. New connections get the new certificate; connections already open keep
+//! - [`ReloadingConfig`]: the rustls server configurations those files make (one per
+//!   [`Protocol`], differing only in ALPN), rebuilt when any of them changes. New connections get the new certificate; connections already open keep
 //!   the one they shook hands with, so a renewal drops nobody. A file that fails to load
 //!   (half-written, wrong key) leaves the previous configuration serving and is reported.
 //! - [`TlsListener`]: accepts TCP connections and runs each handshake in a task of its own
@@ -79,10 +79,28 @@ fn certificates(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'s
     Ok(certs)
 }
 
+/// What a listener serves over TLS, which decides the ALPN protocols it offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// axum's HTTP/1.1.
+    Http1,
+    /// gRPC: HTTP/2 only, and gRPC clients insist on negotiating it.
+    Grpc,
+}
+
+impl Protocol {
+    fn alpn(self) -> Vec<Vec<u8>> {
+        match self {
+            Protocol::Http1 => vec![b"http/1.1".to_vec()],
+            Protocol::Grpc => vec![b"h2".to_vec()],
+        }
+    }
+}
+
 impl CertificateFiles {
-    /// The server configuration these files make, offering `alpn` (in order of preference).
-    /// Every problem names the file and what is wrong with it.
-    pub fn server_config(&self, alpn: &[&[u8]]) -> Result<ServerConfig, TlsError> {
+    /// The server configuration these files make (no ALPN). Every problem names the file
+    /// and what is wrong with it.
+    pub fn server_config(&self) -> Result<ServerConfig, TlsError> {
         // The provider is named rather than taken from the process default, which depends on
         // which rustls features other crates happen to enable (the sinks name the same one).
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
@@ -109,11 +127,9 @@ impl CertificateFiles {
         };
         let chain = certificates("cert", &self.cert)?;
         let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| file_error("key", &self.key, e))?;
-        let mut config = builder
+        builder
             .with_single_cert(chain, key)
-            .map_err(|e| TlsError::Config(format!("cert and key do not go together: {e}")))?;
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        Ok(config)
+            .map_err(|e| TlsError::Config(format!("cert and key do not go together: {e}")))
     }
 
     fn paths(&self) -> impl Iterator<Item = &Path> {
@@ -136,31 +152,41 @@ impl CertificateFiles {
     }
 }
 
-/// A server configuration that follows its files. The reload task is its only writer;
-/// every handshake reads the current one.
+/// The server configurations of both protocols, following their files. The reload task
+/// is their only writer; every handshake reads the current one of its listener.
 pub struct ReloadingConfig {
     files: CertificateFiles,
-    alpn: Vec<Vec<u8>>,
-    current: ArcSwap<ServerConfig>,
-    /// The stamps the current configuration was built from.
+    http1: ArcSwap<ServerConfig>,
+    grpc: ArcSwap<ServerConfig>,
+    /// The stamps the current configurations were built from.
     built_from: Mutex<Vec<Option<(SystemTime, u64)>>>,
+}
+
+/// `config` offering `protocol`'s ALPN.
+fn for_protocol(config: &ServerConfig, protocol: Protocol) -> Arc<ServerConfig> {
+    let mut config = config.clone();
+    config.alpn_protocols = protocol.alpn();
+    Arc::new(config)
 }
 
 impl ReloadingConfig {
     /// Loads the files now; an error here is the server's start-up error.
-    pub fn load(files: CertificateFiles, alpn: &[&[u8]]) -> Result<Arc<Self>, TlsError> {
+    pub fn load(files: CertificateFiles) -> Result<Arc<Self>, TlsError> {
         let stamps = files.stamps();
-        let config = files.server_config(alpn)?;
+        let config = files.server_config()?;
         Ok(Arc::new(Self {
-            alpn: alpn.iter().map(|p| p.to_vec()).collect(),
             files,
-            current: ArcSwap::from_pointee(config),
+            http1: ArcSwap::new(for_protocol(&config, Protocol::Http1)),
+            grpc: ArcSwap::new(for_protocol(&config, Protocol::Grpc)),
             built_from: Mutex::new(stamps),
         }))
     }
 
-    pub fn current(&self) -> Arc<ServerConfig> {
-        self.current.load_full()
+    pub fn current(&self, protocol: Protocol) -> Arc<ServerConfig> {
+        match protocol {
+            Protocol::Http1 => self.http1.load_full(),
+            Protocol::Grpc => self.grpc.load_full(),
+        }
     }
 
     /// Rebuilds the configuration if a file changed since the last build: `Ok(true)` when
@@ -173,33 +199,31 @@ impl ReloadingConfig {
             return Ok(false);
         }
         *built_from = stamps;
-        let alpn: Vec<&[u8]> = self.alpn.iter().map(Vec::as_slice).collect();
-        let config = self.files.server_config(&alpn)?;
-        self.current.store(Arc::new(config));
+        let config = self.files.server_config()?;
+        self.http1.store(for_protocol(&config, Protocol::Http1));
+        self.grpc.store(for_protocol(&config, Protocol::Grpc));
         Ok(true)
     }
 }
 
-/// Checks `configs` for changed files every `interval`, for as long as the server runs.
-pub fn spawn_reloader(configs: Vec<Arc<ReloadingConfig>>, interval: Duration) -> tokio::task::JoinHandle<()> {
+/// Checks `config`'s files for a change every `interval`, for as long as the server runs.
+pub fn spawn_reloader(config: Arc<ReloadingConfig>, interval: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
             tick.tick().await;
-            for config in &configs {
-                match config.reload_if_changed() {
-                    Ok(true) => tracing::info!(
-                        cert = %config.files.cert.display(),
-                        "TLS certificate files changed; new connections use the new ones"
-                    ),
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        "TLS certificate files changed but do not load; still serving the previous ones"
-                    ),
-                }
+            match config.reload_if_changed() {
+                Ok(true) => tracing::info!(
+                    cert = %config.files.cert.display(),
+                    "TLS certificate files changed; new connections use the new ones"
+                ),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "TLS certificate files changed but do not load; still serving the previous ones"
+                ),
             }
         }
     })
@@ -212,15 +236,17 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    /// Starts accepting on `tcp`. The accept task stops when the listener is dropped.
+    /// Starts accepting `protocol` on `tcp`. The accept task stops when the listener is
+    /// dropped.
     pub fn new(
         tcp: TcpListener,
         config: Arc<ReloadingConfig>,
+        protocol: Protocol,
         handshake_timeout: Duration,
     ) -> io::Result<Self> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(READY_QUEUE);
-        tokio::spawn(accept_loop(tcp, config, handshake_timeout, tx));
+        tokio::spawn(accept_loop(tcp, (config, protocol), handshake_timeout, tx));
         Ok(Self { ready, local })
     }
 
@@ -233,7 +259,7 @@ impl TlsListener {
 
 async fn accept_loop(
     tcp: TcpListener,
-    config: Arc<ReloadingConfig>,
+    (config, protocol): (Arc<ReloadingConfig>, Protocol),
     handshake_timeout: Duration,
     ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
@@ -257,7 +283,7 @@ async fn accept_loop(
         let Ok(permit) = handshakes.clone().acquire_owned().await else {
             return;
         };
-        let acceptor = tokio_rustls::TlsAcceptor::from(config.current());
+        let acceptor = tokio_rustls::TlsAcceptor::from(config.current(protocol));
         let ready = ready.clone();
         tokio::spawn(async move {
             let _permit = permit;

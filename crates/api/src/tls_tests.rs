@@ -136,9 +136,9 @@ fn echo(mut listener: TlsListener) {
     });
 }
 
-async fn listen(config: Arc<ReloadingConfig>, timeout: Duration) -> SocketAddr {
+async fn listen(config: Arc<ReloadingConfig>, protocol: Protocol, timeout: Duration) -> SocketAddr {
     let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let listener = TlsListener::new(tcp, config, timeout).unwrap();
+    let listener = TlsListener::new(tcp, config, protocol, timeout).unwrap();
     let addr = listener.local_addr().unwrap();
     echo(listener);
     addr
@@ -148,8 +148,8 @@ async fn listen(config: Arc<ReloadingConfig>, timeout: Duration) -> SocketAddr {
 async fn changed_files_serve_new_connections_while_open_ones_keep_working() {
     let pki = Pki::new("reload");
     pki.write_server("first");
-    let config = ReloadingConfig::load(pki.files(false), &[b"http/1.1"]).unwrap();
-    let addr = listen(config.clone(), Duration::from_secs(5)).await;
+    let config = ReloadingConfig::load(pki.files(false)).unwrap();
+    let addr = listen(config.clone(), Protocol::Http1, Duration::from_secs(5)).await;
     let client = pki.client(None);
     let mut open = connect(&client, addr).await.unwrap();
     assert_eq!(leaf_name(&open), "first");
@@ -178,9 +178,16 @@ async fn changed_files_serve_new_connections_while_open_ones_keep_working() {
 async fn with_a_client_ca_only_clients_with_a_certificate_it_signed_get_in() {
     let pki = Pki::new("mutual");
     pki.write_server("first");
-    let config = ReloadingConfig::load(pki.files(true), &[b"h2"]).unwrap();
-    assert_eq!(config.current().alpn_protocols, vec![b"h2".to_vec()]);
-    let addr = listen(config, Duration::from_secs(5)).await;
+    let config = ReloadingConfig::load(pki.files(true)).unwrap();
+    assert_eq!(
+        config.current(Protocol::Grpc).alpn_protocols,
+        vec![b"h2".to_vec()]
+    );
+    assert_eq!(
+        config.current(Protocol::Http1).alpn_protocols,
+        vec![b"http/1.1".to_vec()]
+    );
+    let addr = listen(config, Protocol::Grpc, Duration::from_secs(5)).await;
     assert!(
         connect(&pki.client(None), addr).await.is_err(),
         "no client certificate"
@@ -201,8 +208,8 @@ async fn with_a_client_ca_only_clients_with_a_certificate_it_signed_get_in() {
 async fn a_stalled_handshake_neither_blocks_others_nor_stays_open() {
     let pki = Pki::new("stall");
     pki.write_server("first");
-    let config = ReloadingConfig::load(pki.files(false), &[b"http/1.1"]).unwrap();
-    let addr = listen(config, Duration::from_millis(300)).await;
+    let config = ReloadingConfig::load(pki.files(false)).unwrap();
+    let addr = listen(config, Protocol::Http1, Duration::from_millis(300)).await;
     let mut stalled = TcpStream::connect(addr).await.unwrap();
     stalled.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
     connect(&pki.client(None), addr).await.unwrap();
@@ -218,23 +225,23 @@ fn every_bad_file_is_named_with_what_is_wrong() {
     pki.write_server("first");
     let mut files = pki.files(false);
     files.cert = pki.dir.join("missing.pem");
-    let err = files.server_config(&[]).unwrap_err().to_string();
+    let err = files.server_config().unwrap_err().to_string();
     assert!(err.contains("TLS cert") && err.contains("missing.pem"), "{err}");
 
     std::fs::write(pki.dir.join("empty.pem"), "").unwrap();
     files.cert = pki.dir.join("empty.pem");
-    let err = files.server_config(&[]).unwrap_err().to_string();
+    let err = files.server_config().unwrap_err().to_string();
     assert!(err.contains("no PEM certificate"), "{err}");
 
     // A key of another certificate.
     let (cert, _) = pki.leaf("other");
     std::fs::write(pki.dir.join("other.pem"), cert).unwrap();
     files.cert = pki.dir.join("other.pem");
-    let err = files.server_config(&[]).unwrap_err().to_string();
+    let err = files.server_config().unwrap_err().to_string();
     assert!(err.contains("cert and key do not go together"), "{err}");
 
     let mut files = pki.files(false);
     files.client_ca = Some(pki.dir.join("server.key"));
-    let err = files.server_config(&[]).unwrap_err().to_string();
+    let err = files.server_config().unwrap_err().to_string();
     assert!(err.contains("TLS client_ca"), "{err}");
 }

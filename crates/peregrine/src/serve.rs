@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use futures_util::FutureExt as _;
 use peregrine_api::drain::Drain;
 use peregrine_api::grpc::GrpcListener;
-use peregrine_api::tls::TlsListener;
+use peregrine_api::tls::{Protocol, TlsListener};
 use peregrine_api::{ApiConfig, AppState};
 use peregrine_eventstore::EventStore;
 use peregrine_registry::{
@@ -134,9 +134,12 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         Some(tcp) => {
             let listener = match &tls {
                 None => GrpcListener::Plain(tcp),
-                Some(tls) => {
-                    GrpcListener::Tls(TlsListener::new(tcp, tls.grpc.clone(), tls.handshake_timeout)?)
-                }
+                Some(tls) => GrpcListener::Tls(TlsListener::new(
+                    tcp,
+                    tls.config.clone(),
+                    Protocol::Grpc,
+                    tls.handshake_timeout,
+                )?),
             };
             let drain = drain.clone();
             let shutdown = async move { drain.finished().await };
@@ -159,7 +162,12 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         )
         .boxed(),
         Some(tls) => serve_http(
-            TlsListener::new(listener, tls.http.clone(), tls.handshake_timeout)?,
+            TlsListener::new(
+                listener,
+                tls.config.clone(),
+                Protocol::Http1,
+                tls.handshake_timeout,
+            )?,
             router,
             drain,
         )

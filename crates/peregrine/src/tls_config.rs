@@ -74,10 +74,9 @@ impl TlsArgs {
     }
 }
 
-/// The configurations of the two listeners, and the task that follows their files.
+/// The listeners' configurations (a task follows their files).
 pub struct ServerTls {
-    pub http: Arc<ReloadingConfig>,
-    pub grpc: Arc<ReloadingConfig>,
+    pub config: Arc<ReloadingConfig>,
     pub handshake_timeout: Duration,
 }
 
@@ -110,17 +109,10 @@ impl TlsSettings {
             key: key.clone(),
             client_ca: self.client_ca.clone(),
         };
-        // axum serves HTTP/1.1 here; gRPC is HTTP/2 only, and gRPC clients insist on
-        // negotiating it.
-        let http = ReloadingConfig::load(files.clone(), &[b"http/1.1"]).context("loading the TLS files")?;
-        let grpc = ReloadingConfig::load(files, &[b"h2"]).context("loading the TLS files")?;
-        peregrine_api::tls::spawn_reloader(
-            vec![http.clone(), grpc.clone()],
-            Duration::from_secs_f64(self.reload_interval_s),
-        );
+        let config = ReloadingConfig::load(files).context("loading the TLS files")?;
+        peregrine_api::tls::spawn_reloader(config.clone(), Duration::from_secs_f64(self.reload_interval_s));
         Ok(Some(ServerTls {
-            http,
-            grpc,
+            config,
             handshake_timeout: Duration::from_secs_f64(self.handshake_timeout_s),
         }))
     }
