@@ -106,7 +106,13 @@ impl Access {
 
     /// The decision for a request with these headers (HTTP) or metadata (gRPC, which
     /// travels as HTTP/2 headers). Refusals are logged with the reason and the key id.
-    fn decide(&self, headers: &HeaderMap, required: Requirement, what: &str) -> Result<Grant, Denial> {
+    /// `what` names the request in the refusal's log line; it is formatted only then.
+    fn decide(
+        &self,
+        headers: &HeaderMap,
+        required: Requirement,
+        what: &dyn std::fmt::Display,
+    ) -> Result<Grant, Denial> {
         if required == Requirement::Open {
             return self.control.load().authorize(None, required);
         }
@@ -117,7 +123,7 @@ impl Access {
                 tracing::warn!(
                     key_id = denial.key_id(),
                     reason = denial.outcome(),
-                    request = what,
+                    request = %what,
                     "refused: {denial}"
                 );
                 (denial.key_id().to_string(), denial.outcome())
@@ -156,8 +162,12 @@ pub(crate) async fn gate(
         .as_ref()
         .map_or_else(|| request.uri().path(), |r| r.as_str());
     let required = state.access.http_requirement(request.method(), path);
-    let what = format!("{} {path}", request.method());
-    match state.access.decide(request.headers(), required, &what) {
+    let decision = state.access.decide(
+        request.headers(),
+        required,
+        &format_args!("{} {path}", request.method()),
+    );
+    match decision {
         Ok(grant) => {
             let response = next.run(request).await;
             drop(grant);
@@ -206,7 +216,7 @@ where
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
         let path = request.uri().path();
         let required = self.access.grpc_requirement(path);
-        match self.access.decide(request.headers(), required, path) {
+        match self.access.decide(request.headers(), required, &path) {
             Ok(grant) => {
                 let response = self.inner.call(request);
                 Box::pin(async move {
