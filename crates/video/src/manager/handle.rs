@@ -27,6 +27,11 @@ impl StreamManagerHandle {
     /// policy must allow.
     pub async fn add(&self, config: StreamConfig) -> Result<(), ManagerError> {
         admit(&self.policy, &config).await?;
+        self.add_admitted(config).await
+    }
+
+    /// Adds a stream whose definition `admit` has already passed.
+    pub(super) async fn add_admitted(&self, config: StreamConfig) -> Result<(), ManagerError> {
         self.ask(|reply| Command::Add {
             config: Box::new(config),
             opener: None,

@@ -219,8 +219,9 @@ impl StreamManager {
             placement: Arc::new(ShardPlacement { shard, skipped }),
             policy,
         };
+        // Every one was admitted above.
         for s in streams {
-            handle.add(s).await?;
+            handle.add_admitted(s).await?;
         }
         Ok(handle)
     }
