@@ -294,6 +294,8 @@ impl ServeArgs {
         let provider = std::mem::take(&mut self.provider);
         let events = std::mem::take(&mut self.events);
         let tls = std::mem::take(&mut self.tls);
+        let shard = std::mem::take(&mut self.shard);
+        let stream_policy = std::mem::take(&mut self.stream_policy);
         let auth = std::mem::take(&mut self.auth);
         let mut s = match &self.config {
             Some(p) => read_file(p)?,
@@ -347,8 +349,8 @@ impl ServeArgs {
         s.provider = provider;
         events.apply(&mut s.events);
         tls.apply(&mut s.tls);
-        std::mem::take(&mut self.shard).apply(&mut s.shard);
-        std::mem::take(&mut self.stream_policy).apply(&mut s.stream_policy);
+        shard.apply(&mut s.shard);
+        stream_policy.apply(&mut s.stream_policy);
         auth.apply(&mut s.auth);
         s.validate()?;
         Ok(s)
