@@ -10,10 +10,11 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 
 import pytest
 import tritonclient.http as httpclient
+
+from security_helpers import MAX_BODY, poll_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHARED = pathlib.Path(os.environ.get("PEREGRINE_SHARED", ROOT.parent / "shared"))
@@ -27,17 +28,6 @@ def new_key(key_id, scopes):
                          check=True, capture_output=True, text=True).stdout
     key, entry = out.split("\n", 1)
     return key, entry.strip() + "\n"
-
-
-def poll_until(done, seconds, what):
-    """Polls `done` every 0.1 s until it holds, failing after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
-        time.sleep(0.1)
-
-
-MAX_BODY = 2 << 20
 
 
 def repository(folder):

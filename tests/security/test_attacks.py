@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import MAX_BODY, poll_until
+from security_helpers import MAX_BODY, poll_until
 
 
 def request(server, method, path, key=None, body=None, headers=()):
