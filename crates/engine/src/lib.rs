@@ -18,6 +18,7 @@
 //! which models are served, where their weights come from and how a graph is prepared for
 //! a session is the `peregrine-registry` crate's business.
 
+pub mod adaptive;
 mod detector;
 mod error;
 #[cfg(any(test, feature = "test-support"))]
@@ -33,7 +34,9 @@ mod slot;
 pub mod stats;
 pub mod telemetry;
 pub mod wait;
+pub mod window;
 
+pub use adaptive::Objective;
 pub use detector::{run_sizes, Detector, DetectorConfig, StageTimings};
 pub use error::EngineError;
 pub use instance::live_instances;
@@ -42,3 +45,4 @@ pub use request::{ImageResult, RequestError, RequestTimings, TensorResult};
 pub use service::{AdmissionPermit, Engine, EngineConfig, WeakEngine};
 pub use slot::{Slot, SlotOutput};
 pub use stats::StatsSnapshot;
+pub use window::WindowStats;

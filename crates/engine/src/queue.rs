@@ -78,6 +78,18 @@ impl<T: QueueItem> BatchQueue<T> {
         self.waiting.len()
     }
 
+    /// The policy in force.
+    pub fn policy(&self) -> &BatchPolicy {
+        &self.policy
+    }
+
+    /// Changes the batch limit and delay from the next batch on (adaptive batching);
+    /// requests already waiting keep their place.
+    pub fn set_limits(&mut self, max_batch: usize, max_delay: Duration) {
+        self.policy.max_batch = max_batch.max(1);
+        self.policy.max_delay = max_delay;
+    }
+
     pub fn is_empty(&self) -> bool {
         self.waiting.is_empty()
     }
@@ -270,6 +282,22 @@ mod tests {
         assert_eq!(ids(q.next_batch(t0 + Duration::from_millis(10), &mut d)), [2]);
         assert_eq!(d.expired.iter().map(|r| r.id).collect::<Vec<_>>(), [0]);
         assert_eq!(d.abandoned.iter().map(|r| r.id).collect::<Vec<_>>(), [1]);
+    }
+
+    #[test]
+    fn new_limits_apply_from_the_next_batch() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(10);
+        let mut q = BatchQueue::new(policy(8, 5, &[], 20));
+        for i in 0..10 {
+            q.push(req(i, far), t0).unwrap();
+        }
+        let mut d = Dropped::default();
+        assert_eq!(ids(q.next_batch(t0, &mut d)).len(), 8);
+        q.set_limits(1, Duration::ZERO);
+        assert_eq!(ids(q.next_batch(t0, &mut d)), [8]);
+        assert_eq!(ids(q.next_batch(t0, &mut d)), [9]);
+        assert_eq!(q.policy().max_delay, Duration::ZERO);
     }
 
     #[test]

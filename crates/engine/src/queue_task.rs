@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::adaptive::{AdaptiveBatcher, BatchFill, BatchLimits, Change};
 use crate::queue::{BatchPolicy, BatchQueue, Dropped, NextBatch, QueueItem};
 use crate::request::RequestError;
 use crate::shared::Shared;
@@ -78,23 +79,24 @@ pub(crate) async fn run_queue(
     shared: Arc<Shared>,
 ) {
     let mut task = QueueTask::new(policy, shared);
-    let mut wake: Option<Instant> = None;
+    let tick = task.tick_interval();
+    let mut next_tick = Instant::now() + tick;
+    // Ticks (reading the latency window) come round even while nothing else happens.
+    let mut wake = next_tick;
     loop {
-        let command = match wake {
-            Some(at) => tokio::select! {
-                c = commands.recv() => match c { Some(c) => Some(c), None => break },
-                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => None,
-            },
-            None => match commands.recv().await {
-                Some(c) => Some(c),
-                None => break,
-            },
+        let command = tokio::select! {
+            c = commands.recv() => match c { Some(c) => Some(c), None => break },
+            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => None,
         };
         let now = Instant::now();
         if let Some(command) = command {
             task.take(command, now);
         }
-        wake = task.dispatch(now);
+        if now >= next_tick {
+            task.tick(now);
+            next_tick = now + tick;
+        }
+        wake = task.dispatch(now).map_or(next_tick, |at| at.min(next_tick));
     }
     for entry in task.queue.drain_all() {
         let _ = entry
@@ -112,6 +114,10 @@ struct QueueTask {
     queue: BatchQueue<Entry>,
     idle: Vec<(usize, oneshot::Sender<Batch>)>,
     wait: WaitEstimator,
+    /// Adaptive batching, once the instances have said which sizes they run.
+    adaptive: Option<AdaptiveBatcher>,
+    /// Batches handed out since the last tick.
+    fill: BatchFill,
 }
 
 impl QueueTask {
@@ -129,6 +135,8 @@ impl QueueTask {
             queue: BatchQueue::new(policy),
             idle: Vec::new(),
             wait,
+            adaptive: None,
+            fill: BatchFill::default(),
             shared,
         }
     }
@@ -149,6 +157,7 @@ impl QueueTask {
                 }
             }
             Command::WarmedUp(costs) => {
+                self.start_adaptive(&costs);
                 for (size, took) in costs {
                     self.wait.observe_batch(size, took);
                 }
@@ -201,10 +210,90 @@ impl QueueTask {
             self.shared.stats.queued(*waited);
         }
         let size = batch.len();
+        self.fill.batches += 1;
+        self.fill.images += size as u64;
         match reply.send(batch) {
             Ok(()) => self.wait.batch_started(instance, size, now),
             Err(batch) => self.instance_stopped(batch),
         }
+    }
+
+    /// How often the latency window is read: ten times a window, at least every 100 ms.
+    fn tick_interval(&self) -> Duration {
+        let window = self
+            .shared
+            .config
+            .objective
+            .as_ref()
+            .map_or(crate::shared::DEFAULT_WINDOW, |o| o.window);
+        (window / 10).max(Duration::from_millis(100))
+    }
+
+    /// Starts adaptive batching (when the objective asks for it) over the batch sizes the
+    /// first instance warmed up, the only sizes worth limiting batches to.
+    fn start_adaptive(&mut self, costs: &[(usize, Duration)]) {
+        let Some(objective) = self
+            .shared
+            .config
+            .objective
+            .as_ref()
+            .filter(|o| o.adaptive_batching)
+        else {
+            return;
+        };
+        if self.adaptive.is_some() {
+            return;
+        }
+        let policy = self.queue.policy();
+        let ceiling = BatchLimits {
+            max_batch: policy.max_batch,
+            max_delay: policy.max_delay,
+        };
+        let sizes: Vec<usize> = costs.iter().map(|&(size, _)| size).collect();
+        self.adaptive = Some(AdaptiveBatcher::new(objective, ceiling, &sizes));
+    }
+
+    /// Exports the latency window and lets adaptive batching judge it.
+    fn tick(&mut self, now: Instant) {
+        let config = &self.shared.config;
+        let window = self.shared.latency(now);
+        let objective = config.objective.as_ref().map(|o| o.p99);
+        telemetry::latency_window(&config.name, &config.version, window.p99, objective);
+        let fill = std::mem::take(&mut self.fill);
+        let Some(adaptive) = self.adaptive.as_mut() else {
+            return;
+        };
+        let Some((limits, change)) = adaptive.observe(&window, fill, now) else {
+            telemetry::batch_limits(
+                &config.name,
+                &config.version,
+                adaptive.limits().max_batch,
+                adaptive.limits().max_delay,
+                None,
+            );
+            return;
+        };
+        let reason = match change {
+            Change::Breach => "breach",
+            Change::Headroom => "headroom",
+        };
+        tracing::info!(
+            model = %config.name, version = %config.version, reason,
+            p99_ms = window.p99.as_secs_f64() * 1e3,
+            objective_ms = objective.unwrap_or_default().as_secs_f64() * 1e3,
+            max_batch = limits.max_batch, max_delay_us = limits.max_delay.as_micros() as u64,
+            "adaptive batching changed the batch limits"
+        );
+        telemetry::batch_limits(
+            &config.name,
+            &config.version,
+            limits.max_batch,
+            limits.max_delay,
+            Some(reason),
+        );
+        self.queue.set_limits(limits.max_batch, limits.max_delay);
+        self.shared.batch_limit.store(limits.max_batch, Ordering::Relaxed);
+        self.wait.set_limits(limits.max_batch, limits.max_delay);
     }
 
     fn instance_stopped(&self, batch: Batch) {

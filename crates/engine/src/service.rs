@@ -24,6 +24,7 @@ use peregrine_vision::{
 };
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
+use crate::adaptive::Objective;
 use crate::detector::Detector;
 use crate::preprocess::{letterbox_into_pool, prepare, Prepared};
 use crate::queue::BatchPolicy;
@@ -33,6 +34,7 @@ use crate::shared::{Decoding, Shared};
 use crate::slot::{Slot, SlotOutput};
 use crate::stats::StatsSnapshot;
 use crate::wait::Ahead;
+use crate::window::WindowStats;
 use crate::{instance, telemetry, EngineError};
 
 /// Estimates are stretched by this much before they are held against a deadline: under
@@ -65,6 +67,9 @@ pub struct EngineConfig {
     pub shed_on_backlog: bool,
     /// Thresholds for requests that set none.
     pub defaults: DetectParams,
+    /// The latency objective and the loops it drives; without one, latency is still
+    /// measured (over 10 s) and exported.
+    pub objective: Option<Objective>,
 }
 
 impl Default for EngineConfig {
@@ -86,6 +91,7 @@ impl Default for EngineConfig {
             jpeg_dct_scaling: false,
             shed_on_backlog: true,
             defaults: DetectParams::default(),
+            objective: None,
         }
     }
 }
@@ -276,8 +282,30 @@ impl Engine {
         outcome
     }
 
+    /// End-to-end latency over the window ending now: P99 of the answered requests and
+    /// the failures inside the engine.
+    pub fn latency(&self) -> WindowStats {
+        self.shared.latency(Instant::now())
+    }
+
+    /// Most images per batch right now: the configured `max_batch`, or less while adaptive
+    /// batching holds it lower.
+    pub fn batch_limit(&self) -> usize {
+        self.shared.batch_limit.load(Ordering::Relaxed)
+    }
+
     fn finish<T>(&self, started: Instant, outcome: &Result<T, RequestError>) {
-        self.shared.stats.finished(outcome.is_ok(), started.elapsed());
+        let took = started.elapsed();
+        self.shared.stats.finished(outcome.is_ok(), took);
+        match outcome {
+            Ok(_) => self.shared.request_ended(Some(took)),
+            // The engine's own failures; refusals and the client's bad input say nothing
+            // about its latency.
+            Err(RequestError::DeadlineExceeded { .. } | RequestError::Inference(_)) => {
+                self.shared.request_ended(None)
+            }
+            Err(_) => {}
+        }
         if let Err(RequestError::DeadlineExceeded { stage }) = outcome {
             telemetry::deadline_exceeded(&self.shared.config.name, stage);
         }

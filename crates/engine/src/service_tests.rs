@@ -12,6 +12,16 @@ fn start(
     capacity: usize,
     in_flight: usize,
 ) -> (Engine, Arc<Mutex<Vec<u8>>>) {
+    start_with(delay_ms, max_batch, capacity, in_flight, None)
+}
+
+fn start_with(
+    delay_ms: u64,
+    max_batch: usize,
+    capacity: usize,
+    in_flight: usize,
+    objective: Option<Objective>,
+) -> (Engine, Arc<Mutex<Vec<u8>>>) {
     let computed = Arc::new(Mutex::new(Vec::new()));
     let c = computed.clone();
     let factory = move || -> Result<Detector, EngineError> {
@@ -41,6 +51,7 @@ fn start(
         jpeg_dct_scaling: false,
         shed_on_backlog: false,
         defaults: DetectParams::default(),
+        objective,
     };
     (Engine::start(config, factory).unwrap(), computed)
 }
@@ -288,6 +299,34 @@ async fn an_engine_stops_once_its_last_handle_and_request_are_gone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breached_objective_lowers_the_batch_limit_and_latency_is_windowed() {
+    // Every batch takes 10 ms, so no request can meet a 1 ms objective: the controller
+    // must halve the limit (8 -> 4) once 20 answers are in the window.
+    let objective = Objective {
+        p99: Duration::from_millis(1),
+        window: Duration::from_secs(1),
+        adaptive_batching: true,
+    };
+    let (engine, _) = start_with(10, 8, 64, 64, Some(objective));
+    ready(&engine).await;
+    assert_eq!(engine.batch_limit(), 8);
+    let tasks: Vec<_> = (0..24u8)
+        .map(|red| {
+            let e = engine.clone();
+            tokio::spawn(async move {
+                let permit = e.try_admit().unwrap();
+                e.detect(&permit, png(red), DetectParams::default(), far()).await
+            })
+        })
+        .collect();
+    assert!(join_tasks(tasks).await.iter().all(Result::is_ok));
+    let window = engine.latency();
+    assert_eq!((window.answered, window.failed), (24, 0));
+    assert!(window.p99 >= Duration::from_millis(10), "{window:?}");
+    until("the limit is halved", || engine.batch_limit() == 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_warm_up_is_reported_with_its_reason() {
     let factory = move || -> Result<Detector, EngineError> {
         let mut backend = SlowBackend::new(Duration::ZERO, Arc::default());
@@ -310,6 +349,7 @@ async fn a_failed_warm_up_is_reported_with_its_reason() {
         jpeg_dct_scaling: false,
         shed_on_backlog: false,
         defaults: DetectParams::default(),
+        objective: None,
     };
     let engine = Engine::start(config, factory).unwrap();
     let err = engine.wait_ready().await.unwrap_err();
@@ -372,6 +412,7 @@ fn start_device_jpeg(device_fails: bool) -> (Engine, Arc<Mutex<usize>>) {
         jpeg_dct_scaling: false,
         shed_on_backlog: false,
         defaults: DetectParams::default(),
+        objective: None,
     };
     (Engine::start(config, factory).unwrap(), decoded)
 }

@@ -4,7 +4,8 @@
 //! its field; the rest only read.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
@@ -14,7 +15,11 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::stats::EngineStats;
 use crate::wait::{Ahead, WaitEstimator};
+use crate::window::{LatencyWindow, WindowStats};
 use crate::EngineConfig;
+
+/// The latency window of a model without an objective.
+pub(crate) const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 
 /// How far the instances have got with warming up.
 #[derive(Debug, Clone, Default)]
@@ -42,9 +47,14 @@ pub(crate) struct Shared {
     /// The queue task's wait estimator as of its last change: published by the queue task,
     /// read at admission.
     pub wait: ArcSwap<WaitEstimator>,
+    /// The batch limit in force (adaptive batching lowers it): written by the queue task.
+    pub batch_limit: AtomicUsize,
     /// Batches running on the instances right now.
     pub running: AtomicUsize,
     pub stats: EngineStats,
+    /// End-to-end latencies over the objective's window: written as each request ends,
+    /// read by the queue task once a tick (a short lock either way).
+    latency: Mutex<LatencyWindow>,
     /// One image's raw output shape (without the batch dimension), known after warm-up.
     pub output_shape: OnceLock<Vec<usize>>,
     /// The instances decode baseline JPEGs on the device: such requests skip the CPU.
@@ -79,8 +89,13 @@ impl Shared {
                 config.preprocess_threads,
                 policy.max_delay,
             )),
+            batch_limit: AtomicUsize::new(policy.max_batch),
             running: AtomicUsize::new(0),
             stats: EngineStats::new(policy.max_batch),
+            latency: Mutex::new(LatencyWindow::new(
+                config.objective.as_ref().map_or(DEFAULT_WINDOW, |o| o.window),
+                Instant::now(),
+            )),
             output_shape: OnceLock::new(),
             device_jpeg,
             spec,
@@ -107,6 +122,26 @@ impl Shared {
         self.readiness.send_modify(|r| {
             r.failed.get_or_insert(why);
         });
+    }
+
+    fn window(&self) -> std::sync::MutexGuard<'_, LatencyWindow> {
+        // A panic while holding the lock leaves the histograms whole: keep using them.
+        self.latency
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A request answered after `latency`, or (`None`) one that failed inside the engine.
+    pub fn request_ended(&self, latency: Option<Duration>) {
+        let now = Instant::now();
+        match latency {
+            Some(took) => self.window().answered(took, now),
+            None => self.window().failed(now),
+        }
+    }
+
+    pub fn latency(&self, now: Instant) -> WindowStats {
+        self.window().stats(now)
     }
 
     /// What a request arriving now has in front of it, besides the running batches.

@@ -15,6 +15,11 @@ pub const QUEUE_DROPPED: &str = "peregrine_queue_dropped_total";
 pub const DEADLINE_EXCEEDED: &str = "peregrine_deadline_exceeded_total";
 pub const REQUESTS: &str = "peregrine_requests_total";
 pub const REQUEST_SECONDS: &str = "peregrine_request_seconds";
+pub const LATENCY_P99: &str = "peregrine_latency_p99_seconds";
+pub const LATENCY_OBJECTIVE: &str = "peregrine_latency_objective_seconds";
+pub const BATCH_LIMIT: &str = "peregrine_batch_limit";
+pub const BATCH_DELAY: &str = "peregrine_batch_delay_seconds";
+pub const BATCH_ADJUSTMENTS: &str = "peregrine_batch_adjustments_total";
 
 /// Histogram buckets for stage and request durations, in seconds (1 ms to 60 s).
 pub const DURATION_BUCKETS: &[f64] = &[
@@ -63,4 +68,31 @@ pub fn request_finished(model: &str, outcome: &'static str, total: Duration) {
     metrics::counter!(REQUESTS, "model" => model.to_string(), "outcome" => outcome).increment(1);
     metrics::histogram!(REQUEST_SECONDS, "model" => model.to_string(), "outcome" => outcome)
         .record(total.as_secs_f64());
+}
+
+/// The latency window of one model version, as of the queue task's last tick.
+pub(crate) fn latency_window(model: &str, version: &str, p99: Duration, objective: Option<Duration>) {
+    let labels = [("model", model.to_string()), ("version", version.to_string())];
+    metrics::gauge!(LATENCY_P99, &labels).set(p99.as_secs_f64());
+    if let Some(objective) = objective {
+        metrics::gauge!(LATENCY_OBJECTIVE, &labels).set(objective.as_secs_f64());
+    }
+}
+
+/// The batch limits in force for one model version; `reason` (`breach` or `headroom`)
+/// when adaptive batching just changed them.
+pub(crate) fn batch_limits(
+    model: &str,
+    version: &str,
+    max_batch: usize,
+    delay: Duration,
+    reason: Option<&'static str>,
+) {
+    let labels = [("model", model.to_string()), ("version", version.to_string())];
+    metrics::gauge!(BATCH_LIMIT, &labels).set(max_batch as f64);
+    metrics::gauge!(BATCH_DELAY, &labels).set(delay.as_secs_f64());
+    if let Some(reason) = reason {
+        metrics::counter!(BATCH_ADJUSTMENTS, "model" => model.to_string(), "version" => version.to_string(), "reason" => reason)
+            .increment(1);
+    }
 }

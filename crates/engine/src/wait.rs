@@ -29,7 +29,10 @@ pub struct Ahead {
 /// Learned costs and the instances' current batches.
 #[derive(Debug, Clone)]
 pub struct WaitEstimator {
+    /// The largest batch an instance was warmed for: costs are learned up to it.
     max_batch: usize,
+    /// The batch limit in force (at most `max_batch`; lowered by adaptive batching).
+    limit: usize,
     decoders: usize,
     /// Longest the queue holds a partial batch for company.
     max_delay: Duration,
@@ -46,12 +49,20 @@ impl WaitEstimator {
         let max_batch = max_batch.max(1);
         Self {
             max_batch,
+            limit: max_batch,
             decoders: decoders.max(1),
             max_delay,
             batch: vec![None; max_batch],
             decode: None,
             running: vec![None; instances.max(1)],
         }
+    }
+
+    /// The queue now forms batches of at most `limit` and holds a partial one up to
+    /// `max_delay`; what was learned about each size is kept.
+    pub fn set_limits(&mut self, limit: usize, max_delay: Duration) {
+        self.limit = limit.clamp(1, self.max_batch);
+        self.max_delay = max_delay;
     }
 
     /// One batch of `size` images took `took`, hand-over to the next request for work.
@@ -96,7 +107,7 @@ impl WaitEstimator {
     /// answered; `decodes` says whether it needs a decoder first. Zero until a batch has
     /// run: with nothing learned there is nothing to go on.
     pub fn estimate(&self, ahead: Ahead, decodes: bool, now: Instant) -> Duration {
-        let (Some(full), Some(_)) = (self.batch_cost(self.max_batch), self.batch_cost(1)) else {
+        let (Some(full), Some(_)) = (self.batch_cost(self.limit), self.batch_cost(1)) else {
             return Duration::ZERO;
         };
         // When each instance can take its next batch.
@@ -109,7 +120,7 @@ impl WaitEstimator {
             })
             .collect();
         let position = ahead.queued + ahead.decoding;
-        for _ in 0..position / self.max_batch {
+        for _ in 0..position / self.limit {
             let first = earliest(&mut free);
             *first += full;
         }
@@ -125,9 +136,9 @@ impl WaitEstimator {
             // batch fills up.
             full
         } else {
-            let own_size = position % self.max_batch + 1;
+            let own_size = position % self.limit + 1;
             // A partial batch may wait for company.
-            let company = if own_size < self.max_batch {
+            let company = if own_size < self.limit {
                 self.max_delay
             } else {
                 Duration::ZERO

@@ -190,3 +190,25 @@ fn estimates_made_at_admission_hold_on_the_recorded_run() {
         );
     }
 }
+
+#[test]
+fn a_lowered_limit_queues_in_smaller_batches_and_keeps_what_was_learned() {
+    let t0 = Instant::now();
+    let mut w = WaitEstimator::new(4, 1, 2, ms(0));
+    for (size, took) in [(4, 200), (1, 60)] {
+        w.batch_started(0, size, t0);
+        w.instance_idle(0, t0 + ms(took));
+    }
+    let now = t0 + ms(1000);
+    // Eight queued ahead in batches of 4: two full batches (400 ms), then its own, full by then.
+    assert!(close(w.estimate(queued(8), false, now), ms(600)));
+    w.set_limits(1, ms(0));
+    // In batches of one: eight of 60 ms, then its own. The learned costs stayed.
+    assert!(close(w.estimate(queued(8), false, now), ms(540)));
+    assert_eq!(w.batch_cost(4), Some(ms(200)));
+    w.set_limits(99, ms(0));
+    assert!(
+        close(w.estimate(queued(8), false, now), ms(600)),
+        "clamped to the ceiling"
+    );
+}
