@@ -30,11 +30,11 @@ impl Objective {
     /// Checks the objective's numbers; the error says which is wrong.
     pub fn validate(&self) -> Result<(), String> {
         if self.p99.is_zero() {
-            return Err("slo_p99_ms must be above 0".into());
+            return Err("the objective's P99 must be above 0".into());
         }
         if self.window < Duration::from_secs(1) || self.window > Duration::from_secs(3600) {
             return Err(format!(
-                "slo_window_s must be between 1 and 3600 (got {} s)",
+                "the window must be between 1 s and 1 h (got {} s)",
                 self.window.as_secs_f64()
             ));
         }
@@ -343,10 +343,10 @@ mod tests {
             window: 10 * S,
             adaptive_batching: true,
         };
-        assert!(o.validate().unwrap_err().contains("slo_p99_ms"));
+        assert!(o.validate().unwrap_err().contains("P99"));
         o.p99 = MS;
         o.window = MS;
-        assert!(o.validate().unwrap_err().contains("slo_window_s"));
+        assert!(o.validate().unwrap_err().contains("window"));
         o.window = 10 * S;
         assert!(o.validate().is_ok());
     }

@@ -89,15 +89,7 @@ fn far() -> Instant {
 async fn concurrent_requests_are_batched_and_answered_in_order() {
     let (engine, computed) = start(50, 4, 16, 16);
     ready(&engine).await;
-    let tasks: Vec<_> = (1..=4u8)
-        .map(|red| {
-            let e = engine.clone();
-            tokio::spawn(async move {
-                let permit = e.try_admit().unwrap();
-                e.detect(&permit, png(red), DetectParams::default(), far()).await
-            })
-        })
-        .collect();
+    let tasks = spawn_detects(&engine, 1..=4);
     let mut sizes = Vec::new();
     for (i, t) in tasks.into_iter().enumerate() {
         let r = t.await.unwrap().unwrap();
@@ -190,6 +182,22 @@ async fn admission_and_queue_capacity_refuse_at_once() {
         matches!(outcomes[2], Err(RequestError::QueueFull { capacity: 1, .. })),
         "{outcomes:?}"
     );
+}
+
+/// One detection task per colour, each with its own permit, all sent at once.
+fn spawn_detects(
+    engine: &Engine,
+    reds: impl IntoIterator<Item = u8>,
+) -> Vec<tokio::task::JoinHandle<Result<ImageResult, RequestError>>> {
+    reds.into_iter()
+        .map(|red| {
+            let e = engine.clone();
+            tokio::spawn(async move {
+                let permit = e.try_admit().unwrap();
+                e.detect(&permit, png(red), DetectParams::default(), far()).await
+            })
+        })
+        .collect()
 }
 
 async fn join_tasks(
@@ -310,15 +318,7 @@ async fn a_breached_objective_lowers_the_batch_limit_and_latency_is_windowed() {
     let (engine, _) = start_with(10, 8, 64, 64, Some(objective));
     ready(&engine).await;
     assert_eq!(engine.batch_limit(), 8);
-    let tasks: Vec<_> = (0..24u8)
-        .map(|red| {
-            let e = engine.clone();
-            tokio::spawn(async move {
-                let permit = e.try_admit().unwrap();
-                e.detect(&permit, png(red), DetectParams::default(), far()).await
-            })
-        })
-        .collect();
+    let tasks = spawn_detects(&engine, 0..24);
     assert!(join_tasks(tasks).await.iter().all(Result::is_ok));
     let window = engine.latency();
     assert_eq!((window.answered, window.failed), (24, 0));

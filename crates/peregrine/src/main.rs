@@ -15,6 +15,7 @@ mod report;
 mod serve;
 mod serve_config;
 mod shard_config;
+mod slo_config;
 mod stream_policy_config;
 mod tls_config;
 mod video;

@@ -67,6 +67,8 @@ pub struct ServeSettings {
     pub stream_policy: crate::stream_policy_config::StreamPolicySettings,
     /// API keys and what may be served without them (`[auth]`).
     pub auth: crate::auth_config::AuthSettings,
+    /// Every model's latency objective unless its config.toml sets its own (`[slo]`).
+    pub slo: peregrine_registry::SloFile,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -123,6 +125,7 @@ impl Default for ServeSettings {
             shard: Default::default(),
             stream_policy: Default::default(),
             auth: Default::default(),
+            slo: Default::default(),
             provider: Default::default(),
         }
     }
@@ -280,6 +283,8 @@ pub struct ServeArgs {
     pub stream_policy: crate::stream_policy_config::StreamPolicyArgs,
     #[command(flatten)]
     pub auth: crate::auth_config::AuthArgs,
+    #[command(flatten)]
+    pub slo: crate::slo_config::SloArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -297,6 +302,7 @@ impl ServeArgs {
         let shard = std::mem::take(&mut self.shard);
         let stream_policy = std::mem::take(&mut self.stream_policy);
         let auth = std::mem::take(&mut self.auth);
+        let slo = std::mem::take(&mut self.slo);
         let mut s = match &self.config {
             Some(p) => read_file(p)?,
             None => ServeSettings::default(),
@@ -352,6 +358,7 @@ impl ServeArgs {
         shard.apply(&mut s.shard);
         stream_policy.apply(&mut s.stream_policy);
         auth.apply(&mut s.auth);
+        slo.apply(&mut s.slo);
         s.validate()?;
         Ok(s)
     }
@@ -363,6 +370,7 @@ impl ServeSettings {
         self.tls.validate()?;
         self.shard.assignment()?;
         crate::stream_policy_config::validate(&self.stream_policy)?;
+        self.slo.apply(&mut None)?;
         let positive = [
             ("instances", self.instances),
             ("max_batch", self.max_batch),
@@ -417,6 +425,8 @@ impl ServeSettings {
         };
         engine.jpeg_dct_scaling = self.jpeg_dct_scaling;
         engine.shed_on_backlog = self.shed_on_backlog;
+        // `validate` has refused an objective that does not apply.
+        let _ = self.slo.apply(&mut engine.objective);
         m.session.intra_threads = self.threads;
         m.session.intra_op_spinning = self.spin_wait;
         m.session.runtime_path = self.ort_lib.clone();

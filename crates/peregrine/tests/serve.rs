@@ -21,7 +21,8 @@ fn occupy(client: &reqwest::Client, url: &str, n: usize) -> Vec<tokio::task::Joi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_detections_match_the_reference() {
     // One instance that waits up to 50 ms for a batch to fill, so images sent together
-    // are run together.
+    // are run together. The objective is far off, so adaptive batching keeps the limits;
+    // the latency window is checked at the end.
     let server = Server::start(&[
         "--max-batch",
         "4",
@@ -29,6 +30,10 @@ async fn rest_detections_match_the_reference() {
         "1",
         "--max-queue-delay-us",
         "50000",
+        "--slo-p99-ms",
+        "600000",
+        "--slo-window-s",
+        "60",
     ]);
     server.wait_ready().await;
     let client = reqwest::Client::new();
@@ -71,6 +76,27 @@ async fn rest_detections_match_the_reference() {
     assert!(
         matched as f64 >= 0.99 * ours as f64,
         "{matched} of {ours} of ours"
+    );
+    // The slowest answer, as the client saw it, bounds the window's P99 from above.
+    let slowest_ms = answers
+        .iter()
+        .map(|a| a["timings"]["total_ms"].as_f64().unwrap_or(0.0))
+        .fold(0.0, f64::max);
+    let exported = server
+        .wait_for_metrics(
+            "the latency window is exported",
+            &[
+                ("peregrine_latency_p99_seconds", "version=\"1\""),
+                ("peregrine_latency_objective_seconds", ""),
+                ("peregrine_batch_limit", ""),
+            ],
+            |v| v[0] > 0.0,
+        )
+        .await;
+    assert_eq!((exported[1], exported[2]), (600.0, 4.0), "{exported:?}");
+    assert!(
+        exported[0] * 1e3 <= slowest_ms * 1.02 + 1.0,
+        "{exported:?} vs {slowest_ms} ms"
     );
 }
 

@@ -26,6 +26,7 @@ mod loader;
 mod owner;
 mod plan;
 pub mod settings;
+pub mod slo;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ pub use build::{build_detector, LoadError, PreparedModel};
 pub use graph::GraphRewrite;
 pub use loader::{engine_config, EngineLoader, OrtLoader};
 pub use settings::{ModelConfigFile, ModelSettings, ProviderFile, SettingsError, VersionPolicy};
+pub use slo::SloFile;
 pub use store::{FixedModel, ModelSource, StoreError, Weights};
 
 use peregrine_engine::Engine;

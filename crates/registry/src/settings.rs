@@ -129,6 +129,8 @@ pub struct ModelConfigFile {
     pub fixed_input_shapes: Option<bool>,
     pub jpeg_dct_scaling: Option<bool>,
     pub provider: Option<ProviderFile>,
+    /// The latency objective (`[slo]`), over the server's.
+    pub slo: Option<crate::slo::SloFile>,
 }
 
 /// `[provider]` in a model's `config.toml`.
@@ -237,6 +239,9 @@ impl ModelSettings {
         }
         if let Some(v) = file.load_timeout_s {
             s.load_timeout = Duration::from_secs(v);
+        }
+        if let Some(slo) = &file.slo {
+            slo.apply(&mut s.engine.objective)?;
         }
         if let Some(p) = &file.provider {
             s.session.provider = p.provider(model_dir)?;
@@ -397,6 +402,9 @@ trt_engine_cache = "trt-cache"
             .unwrap();
         assert_eq!((s.engine.policy.max_batch, s.engine.instances), (8, 2));
         assert!(matches!(s.session.provider, ExecutionProvider::Cuda(_)));
+        let objective = s.engine.objective.expect("the example sets an objective");
+        assert_eq!(objective.p99, Duration::from_millis(100));
+        assert!(objective.adaptive_batching);
     }
 
     #[test]
@@ -413,6 +421,11 @@ trt_engine_cache = "trt-cache"
             .overlay(&file, Path::new("."))
             .unwrap_err();
         assert!(err.0.contains("conf"), "{err}");
+        let file = ModelConfigFile::parse("[slo]\nwindow_s = 30").unwrap();
+        let err = ModelSettings::default()
+            .overlay(&file, Path::new("."))
+            .unwrap_err();
+        assert!(err.0.contains("set slo.p99_ms"), "{err}");
         let file = ModelConfigFile::parse("[provider]\nkind = \"rocm\"").unwrap();
         let err = ModelSettings::default()
             .overlay(&file, Path::new("."))
