@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 
 use crate::window::WindowStats;
 
+/// The window latency is measured over when no objective sets one.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
+
 /// A model's latency objective and which loops it drives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Objective {
@@ -80,6 +83,16 @@ pub enum Change {
     Breach,
     /// P99 well under and batches full: grown.
     Headroom,
+}
+
+impl Change {
+    /// The metric label and log word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Breach => "breach",
+            Self::Headroom => "headroom",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::adaptive::{AdaptiveBatcher, BatchFill, BatchLimits, Change};
+use crate::adaptive::{AdaptiveBatcher, BatchFill, BatchLimits};
 use crate::queue::{BatchPolicy, BatchQueue, Dropped, NextBatch, QueueItem};
 use crate::request::RequestError;
 use crate::shared::Shared;
@@ -220,13 +220,7 @@ impl QueueTask {
 
     /// How often the latency window is read: ten times a window, at least every 100 ms.
     fn tick_interval(&self) -> Duration {
-        let window = self
-            .shared
-            .config
-            .objective
-            .as_ref()
-            .map_or(crate::shared::DEFAULT_WINDOW, |o| o.window);
-        (window / 10).max(Duration::from_millis(100))
+        (self.shared.config.latency_window() / 10).max(Duration::from_millis(100))
     }
 
     /// Starts adaptive batching (when the objective asks for it) over the batch sizes the
@@ -263,37 +257,28 @@ impl QueueTask {
         let Some(adaptive) = self.adaptive.as_mut() else {
             return;
         };
-        let Some((limits, change)) = adaptive.observe(&window, fill, now) else {
-            telemetry::batch_limits(
-                &config.name,
-                &config.version,
-                adaptive.limits().max_batch,
-                adaptive.limits().max_delay,
-                None,
+        let change = adaptive.observe(&window, fill, now);
+        let limits = adaptive.limits();
+        if let Some((_, change)) = change {
+            tracing::info!(
+                model = %config.name, version = %config.version, reason = change.as_str(),
+                p99_ms = window.p99.as_secs_f64() * 1e3,
+                objective_ms = objective.unwrap_or_default().as_secs_f64() * 1e3,
+                max_batch = limits.max_batch, max_delay_us = limits.max_delay.as_micros() as u64,
+                "adaptive batching changed the batch limits"
             );
-            return;
-        };
-        let reason = match change {
-            Change::Breach => "breach",
-            Change::Headroom => "headroom",
-        };
-        tracing::info!(
-            model = %config.name, version = %config.version, reason,
-            p99_ms = window.p99.as_secs_f64() * 1e3,
-            objective_ms = objective.unwrap_or_default().as_secs_f64() * 1e3,
-            max_batch = limits.max_batch, max_delay_us = limits.max_delay.as_micros() as u64,
-            "adaptive batching changed the batch limits"
-        );
+            self.queue.set_limits(limits.max_batch, limits.max_delay);
+            self.shared.batch_limit.store(limits.max_batch, Ordering::Relaxed);
+            self.wait.set_limits(limits.max_batch, limits.max_delay);
+        }
+        let reason = change.map(|(_, c)| c.as_str());
         telemetry::batch_limits(
             &config.name,
             &config.version,
             limits.max_batch,
             limits.max_delay,
-            Some(reason),
+            reason,
         );
-        self.queue.set_limits(limits.max_batch, limits.max_delay);
-        self.shared.batch_limit.store(limits.max_batch, Ordering::Relaxed);
-        self.wait.set_limits(limits.max_batch, limits.max_delay);
     }
 
     fn instance_stopped(&self, batch: Batch) {

@@ -72,6 +72,15 @@ pub struct EngineConfig {
     pub objective: Option<Objective>,
 }
 
+impl EngineConfig {
+    /// The window latency is measured over: the objective's, or 10 s without one.
+    pub fn latency_window(&self) -> Duration {
+        self.objective
+            .as_ref()
+            .map_or(crate::adaptive::DEFAULT_WINDOW, |o| o.window)
+    }
+}
+
 impl Default for EngineConfig {
     /// What a model gets unless the server's flags or its own config say otherwise.
     fn default() -> Self {
@@ -297,17 +306,16 @@ impl Engine {
     fn finish<T>(&self, started: Instant, outcome: &Result<T, RequestError>) {
         let took = started.elapsed();
         self.shared.stats.finished(outcome.is_ok(), took);
+        // Only the engine's own failures count against its latency window; refusals and
+        // the client's bad input say nothing about it.
         match outcome {
             Ok(_) => self.shared.request_ended(Some(took)),
-            // The engine's own failures; refusals and the client's bad input say nothing
-            // about its latency.
-            Err(RequestError::DeadlineExceeded { .. } | RequestError::Inference(_)) => {
-                self.shared.request_ended(None)
+            Err(RequestError::DeadlineExceeded { stage }) => {
+                self.shared.request_ended(None);
+                telemetry::deadline_exceeded(&self.shared.config.name, stage);
             }
+            Err(RequestError::Inference(_)) => self.shared.request_ended(None),
             Err(_) => {}
-        }
-        if let Err(RequestError::DeadlineExceeded { stage }) = outcome {
-            telemetry::deadline_exceeded(&self.shared.config.name, stage);
         }
     }
 

@@ -18,9 +18,6 @@ use crate::wait::{Ahead, WaitEstimator};
 use crate::window::{LatencyWindow, WindowStats};
 use crate::EngineConfig;
 
-/// The latency window of a model without an objective.
-pub(crate) const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
-
 /// How far the instances have got with warming up.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Readiness {
@@ -92,10 +89,7 @@ impl Shared {
             batch_limit: AtomicUsize::new(policy.max_batch),
             running: AtomicUsize::new(0),
             stats: EngineStats::new(policy.max_batch),
-            latency: Mutex::new(LatencyWindow::new(
-                config.objective.as_ref().map_or(DEFAULT_WINDOW, |o| o.window),
-                Instant::now(),
-            )),
+            latency: Mutex::new(LatencyWindow::new(config.latency_window(), Instant::now())),
             output_shape: OnceLock::new(),
             device_jpeg,
             spec,

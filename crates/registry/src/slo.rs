@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
+use peregrine_engine::adaptive::DEFAULT_WINDOW;
 use peregrine_engine::Objective;
 use serde::Deserialize;
 
 use crate::settings::SettingsError;
-
-/// The window P99 is measured over unless `window_s` says otherwise.
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 
 /// `[slo]`: every key optional, each overriding the inherited objective.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
