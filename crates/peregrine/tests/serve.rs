@@ -295,13 +295,21 @@ async fn a_burst_beyond_capacity_gets_429_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_deadline_gets_504_and_no_inference() {
     // Early shedding would answer 429 here instead; this test is about the 504 path.
+    // A 1280x1280 input makes each model run take hundreds of ms, so the four are in
+    // flight together even on a fast machine (at 640 a CI machine answered them before
+    // the gauge was ever seen at four).
     let server = Server::start(&[
         "--max-batch",
         "1",
         "--instances",
         "1",
+        "--imgsz",
+        "1280",
         "--shed-on-backlog",
         "false",
+        // Four slow runs in a row must be answered, not expire.
+        "--request-timeout-ms",
+        "60000",
     ]);
     server.wait_ready().await;
     let client = reqwest::Client::new();
