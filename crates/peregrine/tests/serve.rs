@@ -386,7 +386,17 @@ async fn ready_only_after_warm_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_then_exits() {
-    let mut server = Server::start(&["--max-batch", "1", "--shutdown-timeout-s", "60"]);
+    // Slow runs at 1280 keep all three in flight together (see the deadline test).
+    let mut server = Server::start(&[
+        "--max-batch",
+        "1",
+        "--imgsz",
+        "1280",
+        "--shutdown-timeout-s",
+        "60",
+        "--request-timeout-ms",
+        "60000",
+    ]);
     server.wait_ready().await;
     let client = reqwest::Client::new();
     let in_flight: Vec<_> = (0..3)
