@@ -72,7 +72,8 @@ impl Access {
                 _,
                 "/v2/repository/index"
                 | "/v2/repository/models/{m}/load"
-                | "/v2/repository/models/{m}/unload",
+                | "/v2/repository/models/{m}/unload"
+                | "/v2/repository/models/{m}/rollout",
             ) => Requirement::Scope(Scope::Admin),
             ("POST", "/v1/streams")
             | ("DELETE", "/v1/streams/{name}" | "/v1/events/{id}")
@@ -247,6 +248,7 @@ mod tests {
             "/v2/repository/index",
             "/v2/repository/models/{m}/load",
             "/v2/repository/models/{m}/unload",
+            "/v2/repository/models/{m}/rollout",
         ];
         let streams = [
             ("POST", "/v1/streams"),

@@ -81,6 +81,7 @@ impl ApiError {
             | RegistryError::NoVersions { .. }
             | RegistryError::LoadFailed { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             RegistryError::Store(StoreError::Io(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+            RegistryError::RolloutRefused { .. } => StatusCode::CONFLICT,
             RegistryError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -145,7 +146,8 @@ impl ApiError {
                 }
                 RegistryError::Store(StoreError::Settings { .. })
                 | RegistryError::NoVersions { .. }
-                | RegistryError::LoadFailed { .. } => Code::FailedPrecondition,
+                | RegistryError::LoadFailed { .. }
+                | RegistryError::RolloutRefused { .. } => Code::FailedPrecondition,
                 RegistryError::Store(StoreError::Io(_)) => Code::Internal,
                 RegistryError::Stopped => Code::Unavailable,
             },
@@ -189,6 +191,7 @@ impl ApiError {
             Self::Lookup(LookupError::NotReady { .. }) => "not_ready",
             Self::Lookup(_) => "unknown_model",
             Self::Registry(RegistryError::LoadFailed { .. }) => "load_failed",
+            Self::Registry(RegistryError::RolloutRefused { .. }) => "rollout_refused",
             Self::Registry(_) => "repository_error",
             Self::Stream(ManagerError::Duplicate(_)) => "stream_exists",
             Self::Stream(ManagerError::NotFound(_)) => "unknown_stream",

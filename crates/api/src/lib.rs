@@ -94,7 +94,7 @@ impl AppState {
             Err(_) if !snapshot.started => return Err(starting()),
             Err(e) => return Err(ApiError::BadRequest(format!("name a model (?model=NAME); {e}"))),
         };
-        match snapshot.engine(name, version) {
+        match snapshot.route(name, version) {
             Err(LookupError::UnknownModel { .. }) if !snapshot.started => Err(starting()),
             other => Ok(other?),
         }

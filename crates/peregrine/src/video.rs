@@ -25,7 +25,7 @@ impl EngineFrames {
         let name = peregrine_types::named_or_only(self.model.as_deref(), served)
             .map_err(|e| DetectError::Unavailable(format!("streams need a model (stream_model); {e}")))?;
         snapshot
-            .engine(name, None)
+            .route(name, None)
             .map_err(|e| DetectError::Unavailable(e.to_string()))
     }
 }

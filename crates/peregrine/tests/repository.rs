@@ -295,3 +295,175 @@ async fn a_hundred_load_unload_cycles_keep_memory_flat() {
         growth * 100.0
     );
 }
+
+async fn rollout(client: &reqwest::Client, server: &Server, model: &str, body: Value) -> (u16, Value) {
+    let r = client
+        .post(server.url(&format!("/v2/repository/models/{model}/rollout")))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// Polls the index until `done` holds of it.
+async fn wait_for_index(
+    client: &reqwest::Client,
+    server: &Server,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let listed = index(client, server).await;
+        if done(&listed) {
+            return listed;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{what}: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_canary_is_promoted_and_a_slow_one_rolled_back_with_no_failed_request() {
+    let repo = Repo::new("rollout");
+    let config = |max_p99_ms: u64| {
+        format!(
+            "imgsz = [320, 320]\nmax_batch = 2\nthreads = 1\n\
+             [rollout]\ncanary_percent = 50\npromote_after_s = 2\nmax_p99_ms = {max_p99_ms}\n"
+        )
+    };
+    std::fs::write(repo.0.join("det/config.toml"), config(60_000)).unwrap();
+    repo.add_version(1);
+    let server = Server::start(&["--model-repository", &repo.arg(), "--max-in-flight", "64"]);
+    server.wait_ready().await;
+    let client = reqwest::Client::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = [false, true, false]
+        .into_iter()
+        .map(|kserve| {
+            let (client, stop, base) = (client.clone(), stop.clone(), server.base.clone());
+            tokio::spawn(async move {
+                let mut answers: Vec<Result<u64, String>> = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    answers.push(detect_once(&client, &base, kserve).await);
+                }
+                answers
+            })
+        })
+        .collect();
+
+    // A healthy version 2 is a canary beside version 1, then promoted: version 1 retires.
+    repo.add_version(2);
+    assert_eq!(load(&client, &server).await.0, 200);
+    let listed = index(&client, &server).await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(
+        listed[0]["reason"].as_str().unwrap().starts_with("stable"),
+        "{listed:?}"
+    );
+    assert!(
+        listed[1]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("canary for 50%"),
+        "{listed:?}"
+    );
+    wait_for_index(&client, &server, "version 2 promoted", |l| {
+        l.len() == 1 && l[0]["version"] == "2"
+    })
+    .await;
+
+    // A version 3 that breaks its limit (every run takes more than 1 ms) is rolled back;
+    // version 2 keeps serving throughout.
+    std::fs::write(repo.0.join("det/config.toml"), config(1)).unwrap();
+    repo.add_version(3);
+    assert_eq!(load(&client, &server).await.0, 200);
+    let canary_since = Instant::now();
+    let listed = wait_for_index(&client, &server, "version 3 rolled back", |l| {
+        l.iter()
+            .any(|e| e["version"] == "3" && e["state"] == "UNAVAILABLE")
+    })
+    .await;
+    eprintln!(
+        "version 3 was rolled back {:?} after its load answered",
+        canary_since.elapsed()
+    );
+    let reason = listed[1]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("rolled back: P99 ") && reason.ends_with("above max_p99_ms 1"),
+        "{reason}"
+    );
+    assert_eq!(
+        (&listed[0]["version"], &listed[0]["state"]),
+        (&json!("2"), &json!("READY"))
+    );
+    let r = post_image(&client, &server.url("/v1/detect?model=det&version=3"), bus(), &[]).await;
+    assert_eq!(r.status(), 503, "the rolled-back version is named as unavailable");
+    for _ in 0..10 {
+        assert_eq!(detect_once(&client, &server.base, false).await, Ok(2));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut seen = std::collections::BTreeSet::new();
+    for c in clients {
+        let answers = c.await.unwrap();
+        let failures: Vec<&String> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+        assert!(
+            failures.is_empty(),
+            "requests failed during the rollouts: {failures:?}"
+        );
+        seen.extend(answers.into_iter().map(Result::unwrap));
+    }
+    assert_eq!(seen, [1, 2, 3].into(), "every version served on the way");
+    for outcome in ["promoted", "rolled_back"] {
+        let filter = format!("model=\"det\",outcome=\"{outcome}\"");
+        assert_eq!(
+            server.metric("peregrine_rollouts_total", &filter).await,
+            1.0,
+            "{outcome}"
+        );
+    }
+
+    // Requests the registry refuses, each with its status and reason.
+    let cases = [
+        (
+            "det",
+            json!({"action": "abort"}),
+            409,
+            "no rollout is in progress",
+        ),
+        ("det", json!({"action": "start"}), 409, "only version 2 is loaded"),
+        (
+            "det",
+            json!({"action": "start", "canary_percent": 0}),
+            400,
+            "rollout.canary_percent",
+        ),
+        (
+            "det",
+            json!({"action": "start", "canary": 5}),
+            400,
+            "unknown field",
+        ),
+        (
+            "det",
+            json!({"action": "pause"}),
+            400,
+            "not one of start, promote, abort",
+        ),
+        (
+            "det",
+            json!({"action": "promote", "version": 2}),
+            400,
+            "takes no other keys",
+        ),
+        ("det", json!({}), 400, "\"action\" is one of"),
+        ("nope", json!({"action": "abort"}), 404, "not loaded"),
+    ];
+    for (model, body, status, says) in cases {
+        let (got, answer) = rollout(&client, &server, model, body.clone()).await;
+        let message = answer["error"].as_str().unwrap_or_default();
+        assert_eq!(got, status, "{body}: {answer}");
+        assert!(message.contains(says), "{body}: {message}");
+    }
+}

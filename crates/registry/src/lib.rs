@@ -17,6 +17,8 @@
 //! - `build`: [`build_detector`], the one recipe from weights to a [`Detector`] (rewrite,
 //!   fix shapes, sessions, detector), used by the loader and by the CLI.
 //! - `loader`: [`EngineLoader`], how a version's bytes become a running [`Engine`].
+//! - [`rollout`]: canary rollouts as plain state: the policy, the split of requests that
+//!   name no version, and the verdict on the canary's latency window.
 //!
 //! [`Detector`]: peregrine_engine::Detector
 
@@ -25,11 +27,13 @@ pub mod graph;
 mod loader;
 mod owner;
 mod plan;
+pub mod rollout;
 pub mod settings;
 pub mod slo;
 pub mod store;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +43,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub use build::{build_detector, LoadError, PreparedModel};
 pub use graph::GraphRewrite;
 pub use loader::{engine_config, EngineLoader, OrtLoader};
+pub use rollout::{RolloutFile, RolloutPolicy};
 pub use settings::{ModelConfigFile, ModelSettings, ProviderFile, SettingsError, VersionPolicy};
 pub use slo::SloFile;
 pub use store::{FixedModel, ModelSource, StoreError, Weights};
@@ -74,12 +79,64 @@ pub struct ModelView {
     pub error: Option<String>,
     /// Should be serving: loaded at start or by request, and not unloaded since.
     pub wanted: bool,
+    /// The rollout in progress, if any.
+    pub rollout: Option<RolloutView>,
+}
+
+/// A rollout in progress, as request routing and the index see it.
+#[derive(Debug, Clone)]
+pub struct RolloutView {
+    pub plan: rollout::Rollout,
+    /// Requests that named no version routed so far; one counter for every snapshot of
+    /// this rollout, so that the split holds across swaps.
+    routed: Arc<AtomicU64>,
+}
+
+impl RolloutView {
+    fn new(plan: rollout::Rollout, routed: Arc<AtomicU64>) -> Self {
+        Self { plan, routed }
+    }
+
+    /// What the index says about `version` while this rollout runs, if it is one of its.
+    fn describe(&self, version: u64) -> Option<String> {
+        if version == self.plan.canary {
+            Some(self.plan.describe_canary(std::time::Instant::now()))
+        } else if version == self.plan.stable {
+            Some(format!(
+                "stable: serves the requests that name no version and do not go to the canary (version {})",
+                self.plan.canary
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 impl ModelView {
-    /// The engine of `version`, or of the highest ready version when `None`.
+    /// The engine a request for `version` gets: that version's, or when `None` the
+    /// canary's for the rollout's share of such requests and otherwise the default one
+    /// (see [`ModelView::engine`]). Only request routing calls this: it counts.
+    pub fn route(&self, version: Option<u64>) -> Result<&Engine, LookupError> {
+        if let (None, Some(r)) = (version, &self.rollout) {
+            let n = r.routed.fetch_add(1, Ordering::Relaxed);
+            if rollout::Rollout::takes_canary(n, r.plan.policy.canary_percent) {
+                if let Ok(canary) = self.engine(Some(r.plan.canary)) {
+                    return Ok(canary);
+                }
+            }
+        }
+        self.engine(version)
+    }
+
+    /// The engine of `version`, or of the default version when `None`: the stable one
+    /// while a rollout is in progress, else the highest ready one.
     pub fn engine(&self, version: Option<u64>) -> Result<&Engine, LookupError> {
         let ready = |v: &&VersionView| v.state == VersionState::Ready && v.engine.is_some();
+        let stable = self
+            .rollout
+            .as_ref()
+            .and_then(|r| self.versions.iter().find(|v| v.version == r.plan.stable))
+            .filter(ready);
         let found = match version {
             Some(want) => {
                 let v = self.versions.iter().find(|v| v.version == want).ok_or_else(|| {
@@ -91,7 +148,7 @@ impl ModelView {
                 })?;
                 Some(v).filter(ready)
             }
-            None => self.versions.iter().rev().find(ready),
+            None => stable.or_else(|| self.versions.iter().rev().find(ready)),
         };
         found
             .and_then(|v| v.engine.as_ref())
@@ -144,6 +201,11 @@ impl RegistrySnapshot {
 
     pub fn engine(&self, name: &str, version: Option<u64>) -> Result<Engine, LookupError> {
         self.model(name)?.engine(version).cloned()
+    }
+
+    /// The engine a request for `name` at `version` is served by ([`ModelView::route`]).
+    pub fn route(&self, name: &str, version: Option<u64>) -> Result<Engine, LookupError> {
+        self.model(name)?.route(version).cloned()
     }
 
     /// Start-up is over and every model that should serve has a ready version.
@@ -208,6 +270,8 @@ pub enum RegistryError {
     },
     #[error("model {name:?} is not loaded")]
     NotLoaded { name: String },
+    #[error("model {name:?}: {reason}")]
+    RolloutRefused { name: String, reason: String },
     #[error("the model registry has stopped")]
     Stopped,
 }
@@ -271,6 +335,31 @@ pub struct RegistryConfig {
     pub unload_wait: Duration,
 }
 
+/// What a rollout request asks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RolloutAction {
+    /// Roll `version` (else the highest ready one) out as a canary beside the highest
+    /// other ready version, with these keys over the model's `[rollout]`.
+    Start {
+        version: Option<u64>,
+        policy: RolloutFile,
+    },
+    /// Promote the canary now.
+    Promote,
+    /// Roll the canary back now.
+    Abort,
+}
+
+/// A rollout, as a rollout request's answer describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutStatus {
+    pub stable: u64,
+    pub canary: u64,
+    pub canary_percent: u8,
+    /// `running`, `promoted` or `rolled_back`.
+    pub outcome: &'static str,
+}
+
 enum Command {
     Load {
         name: String,
@@ -279,6 +368,11 @@ enum Command {
     Unload {
         name: String,
         reply: oneshot::Sender<Result<(), RegistryError>>,
+    },
+    Rollout {
+        name: String,
+        action: RolloutAction,
+        reply: oneshot::Sender<Result<RolloutStatus, RegistryError>>,
     },
 }
 
@@ -322,9 +416,14 @@ impl ModelRegistry {
         self.snapshot.load_full()
     }
 
-    /// The engine serving `name` (`version`, or the highest ready one).
+    /// The engine of `name` at `version`, or its default one ([`ModelView::engine`]).
     pub fn engine(&self, name: &str, version: Option<u64>) -> Result<Engine, LookupError> {
         self.snapshot.load().engine(name, version)
+    }
+
+    /// The engine a request for `name` at `version` is served by ([`ModelView::route`]).
+    pub fn route(&self, name: &str, version: Option<u64>) -> Result<Engine, LookupError> {
+        self.snapshot.load().route(name, version)
     }
 
     /// Every version the registry knows, then every model of the source it has not
@@ -343,7 +442,11 @@ impl ModelRegistry {
                     name: m.name.clone(),
                     version: Some(v.version),
                     state: Some(v.state),
-                    reason: v.reason.clone(),
+                    reason: m
+                        .rollout
+                        .as_ref()
+                        .and_then(|r| r.describe(v.version))
+                        .or_else(|| v.reason.clone()),
                 })
             })
             .filter(|e| !ready_only || e.state == Some(VersionState::Ready))
@@ -385,6 +488,20 @@ impl ModelRegistry {
         self.commands
             .send(Command::Load {
                 name: name.to_string(),
+                reply,
+            })
+            .await
+            .map_err(|_| RegistryError::Stopped)?;
+        answer.await.map_err(|_| RegistryError::Stopped)?
+    }
+
+    /// Starts, promotes or aborts a rollout of `name`; answers once it is done.
+    pub async fn rollout(&self, name: &str, action: RolloutAction) -> Result<RolloutStatus, RegistryError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Rollout {
+                name: name.to_string(),
+                action,
                 reply,
             })
             .await

@@ -19,6 +19,8 @@ use super::{
 };
 use peregrine_engine::{Engine, WeakEngine};
 
+mod canary;
+
 struct Loaded {
     origin: Origin,
     engine: Engine,
@@ -39,6 +41,8 @@ struct ModelState {
     wanted: bool,
     /// Versions listed as unavailable since an unload.
     unloaded: BTreeSet<u64>,
+    rollout: Option<canary::ActiveRollout>,
+    rolled_back: BTreeMap<u64, canary::RolledBack>,
 }
 
 pub(super) struct Owner {
@@ -89,6 +93,8 @@ impl Owner {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             t
         });
+        let mut judge = tokio::time::interval(canary::JUDGE_EVERY);
+        judge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let tick = async {
                 match poll.as_mut() {
@@ -109,8 +115,13 @@ impl Owner {
                         let outcome = self.unload(&name).await;
                         let _ = reply.send(outcome);
                     }
+                    Some(Command::Rollout { name, action, reply }) => {
+                        let outcome = self.rollout(&name, action).await;
+                        let _ = reply.send(outcome);
+                    }
                 },
                 () = tick => self.poll().await,
+                _ = judge.tick() => self.judge_rollouts().await,
             }
             self.prune_retired();
         }
@@ -180,13 +191,15 @@ impl Owner {
         let state = self.models.entry(name.to_string()).or_default();
         let loaded_origins = state.loaded.iter().map(|(v, l)| (*v, l.origin.clone())).collect();
         let failed_origins = state.failed.iter().map(|(v, f)| (*v, f.origin.clone())).collect();
-        let plan = plan_sync(
-            &listing.available(),
+        let serving = canary::serving_before(state);
+        let mut plan = plan_sync(
+            &canary::servable(listing.available(), state, trigger),
             &listing.settings,
             &loaded_origins,
             &failed_origins,
             trigger == Trigger::Request,
         );
+        canary::keep_serving(&mut plan, state, &listing.settings, serving);
         if plan.load.is_empty() && plan.retire.is_empty() {
             // Nothing changed. (On request, failed versions are always retried, so this
             // is only reached with versions still failing when polling, which stays quiet
@@ -221,6 +234,11 @@ impl Owner {
         });
         let outcomes = futures_util::future::join_all(loads).await;
         let (report, failed) = self.apply_loads(name, &listing, &plan, outcomes, trigger);
+        let state = self
+            .models
+            .get_mut(name)
+            .expect("the model's state was created by sync");
+        canary::after_loads(name, state, &listing.settings, serving, &report.loaded);
         let serving: Vec<u64> = self.models[name].loaded.keys().copied().collect();
         self.publish();
         if failed.is_empty() {
@@ -351,6 +369,8 @@ impl Owner {
             .collect();
         state.unloaded.extend(versions.iter().copied());
         state.failed.clear();
+        state.rollout = None;
+        state.rolled_back.clear();
         state.wanted = false;
         state.error = Some("unloaded".into());
         if state.unloaded.is_empty() {
@@ -404,10 +424,15 @@ fn view(name: &str, m: &ModelState) -> ModelView {
     numbers.extend(m.failed.keys());
     numbers.extend(&m.loading);
     numbers.extend(&m.unloaded);
+    numbers.extend(m.rolled_back.keys());
     let versions = numbers
         .into_iter()
         .map(|v| {
-            let failure = m.failed.get(&v).map(|f| f.reason.clone());
+            let failure = m
+                .failed
+                .get(&v)
+                .map(|f| f.reason.clone())
+                .or_else(|| m.rolled_back.get(&v).map(|r| r.reason.clone()));
             match (m.loaded.get(&v), m.loading.contains(&v)) {
                 (Some(l), _) => VersionView {
                     version: v,
@@ -436,6 +461,7 @@ fn view(name: &str, m: &ModelState) -> ModelView {
         settings: m.settings.clone(),
         error: m.error.clone(),
         wanted: m.wanted,
+        rollout: m.rollout.as_ref().map(canary::ActiveRollout::view),
     }
 }
 

@@ -78,6 +78,9 @@ pub struct ModelSettings {
     pub model_file: String,
     /// Longest a new version may take to load and warm up before it counts as failed.
     pub load_timeout: Duration,
+    /// Roll a new version out as a canary beside the serving one (`[rollout]`); `None`
+    /// swaps it in at once.
+    pub rollout: Option<crate::rollout::RolloutPolicy>,
 }
 
 impl Default for ModelSettings {
@@ -98,6 +101,7 @@ impl Default for ModelSettings {
             version_policy: VersionPolicy::default(),
             model_file: "model.onnx".into(),
             load_timeout: Duration::from_secs(300),
+            rollout: None,
         }
     }
 }
@@ -131,6 +135,8 @@ pub struct ModelConfigFile {
     pub provider: Option<ProviderFile>,
     /// The latency objective (`[slo]`), over the server's.
     pub slo: Option<crate::slo::SloFile>,
+    /// Roll new versions out as canaries (`[rollout]`).
+    pub rollout: Option<crate::rollout::RolloutFile>,
 }
 
 /// `[provider]` in a model's `config.toml`.
@@ -242,6 +248,9 @@ impl ModelSettings {
         }
         if let Some(slo) = &file.slo {
             slo.apply(&mut s.engine.objective)?;
+        }
+        if let Some(r) = &file.rollout {
+            s.rollout = Some(r.apply(&s.rollout.clone().unwrap_or_default())?);
         }
         if let Some(p) = &file.provider {
             s.session.provider = p.provider(model_dir)?;
@@ -405,6 +414,11 @@ trt_engine_cache = "trt-cache"
         let objective = s.engine.objective.expect("the example sets an objective");
         assert_eq!(objective.p99, Duration::from_millis(100));
         assert!(objective.adaptive_batching);
+        let rollout = s.rollout.expect("the example rolls versions out");
+        assert_eq!(
+            (rollout.canary_percent, rollout.max_p99),
+            (10, Some(Duration::from_millis(150)))
+        );
     }
 
     #[test]

@@ -13,8 +13,10 @@ use peregrine_types::DetectParams;
 
 use super::*;
 
-/// Weights are text: `ok` (a working model), `corrupt` (fails to load), `cold` (loads
-/// but fails its warm-up).
+mod rollout;
+
+/// Weights are text: `ok` (a working model), `slow` (a working model that takes 40 ms a
+/// run instead of 2), `corrupt` (fails to load), `cold` (loads but fails its warm-up).
 struct FakeLoader {
     loads: AtomicUsize,
 }
@@ -36,7 +38,8 @@ impl EngineLoader for FakeLoader {
         }
         let max_batch = settings.engine.policy.max_batch;
         let factory = move || -> Result<Detector, EngineError> {
-            let mut backend = SlowBackend::new(Duration::from_millis(2), Arc::new(Mutex::new(Vec::new())));
+            let delay = Duration::from_millis(if text == "slow" { 40 } else { 2 });
+            let mut backend = SlowBackend::new(delay, Arc::new(Mutex::new(Vec::new())));
             if text == "cold" {
                 backend.fail = Some("CUDA out of memory".into());
             }
@@ -108,7 +111,7 @@ fn start(repo: &Repo, poll: Option<Duration>, startup: Startup) -> ModelRegistry
 }
 
 async fn detect(registry: &ModelRegistry, name: &str, version: Option<u64>) -> Result<String, String> {
-    let engine = registry.engine(name, version).map_err(|e| e.to_string())?;
+    let engine = registry.route(name, version).map_err(|e| e.to_string())?;
     let permit = engine.try_admit().map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(10);
     engine

@@ -66,7 +66,7 @@ pub struct InferResponse {
 /// permit on it. Taken before the request's body is read or parsed, so that a full
 /// server refuses at once and a refused request costs no reading and no parsing.
 pub fn admit(resolved: &Resolved<'_>, version: Option<u64>) -> Result<(Engine, AdmissionPermit), ApiError> {
-    let engine = resolved.model.engine(version)?.clone();
+    let engine = resolved.model.route(version)?.clone();
     let permit = engine.try_admit()?;
     Ok((engine, permit))
 }

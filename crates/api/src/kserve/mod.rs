@@ -22,7 +22,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use peregrine_registry::{IndexEntry, VersionState};
+use peregrine_registry::{IndexEntry, RolloutAction, RolloutFile, RolloutPolicy, VersionState};
 use serde_json::{json, Value};
 
 use crate::body::read_body;
@@ -102,6 +102,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v2/repository/index", post(repository_index))
         .route("/v2/repository/models/{m}/load", post(load))
         .route("/v2/repository/models/{m}/unload", post(unload))
+        .route("/v2/repository/models/{m}/rollout", post(rollout))
 }
 
 async fn server_metadata() -> Json<Value> {
@@ -237,6 +238,76 @@ async fn repository_index(State(state): State<AppState>, headers: HeaderMap, bod
     };
     let entries = state.registry.index(ready_only).await.map_err(ApiError::from)?;
     Ok(Json(index_json(&entries)).into_response())
+}
+
+/// `POST /v2/repository/models/{m}/rollout`: start a canary rollout, or promote or abort
+/// the one in progress. Answers with the rollout's versions and outcome.
+async fn rollout(
+    State(state): State<AppState>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let req = optional_json(&state, &headers, body).await?;
+    let action = rollout_action(req)?;
+    let status = state
+        .registry
+        .rollout(&model, action)
+        .await
+        .map_err(ApiError::from)?;
+    Ok(Json(json!({
+        "model": model,
+        "stable_version": status.stable.to_string(),
+        "canary_version": status.canary.to_string(),
+        "canary_percent": status.canary_percent,
+        "outcome": status.outcome,
+    }))
+    .into_response())
+}
+
+/// A rollout request's body: `{"action": "start" | "promote" | "abort"}`, and for a start
+/// an optional `version` and the `[rollout]` keys to use instead of the model's.
+fn rollout_action(mut req: Value) -> Result<RolloutAction, ApiError> {
+    let bad = |m: String| ApiError::BadRequest(m);
+    let obj = req
+        .as_object_mut()
+        .ok_or_else(|| bad("the rollout request must be a JSON object".into()))?;
+    let action = match obj.remove("action") {
+        Some(Value::String(a)) => a,
+        Some(other) => return Err(bad(format!("\"action\" must be a string, not {other}"))),
+        None => {
+            return Err(bad(
+                "say what to do: \"action\" is one of start, promote, abort".into()
+            ))
+        }
+    };
+    let version = match obj.remove("version") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                .ok_or_else(|| bad(format!("\"version\" must be a version number, not {v}")))?,
+        ),
+    };
+    match action.as_str() {
+        "start" => {
+            let policy: RolloutFile = serde_json::from_value(Value::Object(std::mem::take(obj)))
+                .map_err(|e| bad(format!("bad rollout settings: {e}")))?;
+            // Each key's range is checked here, so a bad request is a 400 before it queues.
+            policy
+                .apply(&RolloutPolicy::default())
+                .map_err(|e| bad(e.to_string()))?;
+            Ok(RolloutAction::Start { version, policy })
+        }
+        "promote" | "abort" if version.is_some() || !obj.is_empty() => Err(bad(format!(
+            "{action} takes no other keys: it ends the rollout in progress"
+        ))),
+        "promote" => Ok(RolloutAction::Promote),
+        "abort" => Ok(RolloutAction::Abort),
+        other => Err(bad(format!(
+            "\"action\" {other:?} is not one of start, promote, abort"
+        ))),
+    }
 }
 
 /// Load parameters Peregrine cannot honour are refused rather than ignored.
