@@ -4,7 +4,8 @@
 //! is answered) or open loop (`--rate R`: R requests a second whatever the answers, with
 //! latency measured from each request's scheduled start, so a stalled server cannot hide
 //! its queueing). Real images, sent as raw bodies. Reports throughput, latency percentiles
-//! and errors by kind; writes the same as JSON with `--output`.
+//! and errors by kind; writes the same as JSON with `--output`. A `--profile` of open-loop
+//! steps (`rate:seconds,...`) reports each step on its own, for step-load curves.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,12 +33,16 @@ pub struct BenchArgs {
         long,
         env = "PEREGRINE_BENCH_CONCURRENCY",
         default_value_t = 8,
-        conflicts_with = "rate"
+        conflicts_with_all = ["rate", "profile"]
     )]
     pub concurrency: usize,
     /// Open loop: requests per second, whatever the server answers.
-    #[arg(long, env = "PEREGRINE_BENCH_RATE")]
+    #[arg(long, env = "PEREGRINE_BENCH_RATE", conflicts_with = "profile")]
     pub rate: Option<f64>,
+    /// Open-loop steps, each `RATE:SECONDS`, comma-separated (e.g. `10:30,60:30,10:30`):
+    /// one report per step; `--duration` and `--requests` do not apply.
+    #[arg(long, env = "PEREGRINE_BENCH_PROFILE", value_parser = parse_profile)]
+    pub profile: Option<Profile>,
     /// How long to send, in seconds.
     #[arg(long, env = "PEREGRINE_BENCH_DURATION", default_value_t = 30.0)]
     pub duration: f64,
@@ -60,6 +65,25 @@ pub struct BenchArgs {
     /// Write the report as JSON to this file.
     #[arg(long, env = "PEREGRINE_BENCH_OUTPUT")]
     pub output: Option<PathBuf>,
+}
+
+/// Open-loop steps: (requests per second, seconds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile(pub Vec<(f64, f64)>);
+
+fn parse_profile(text: &str) -> Result<Profile, String> {
+    let step = |s: &str| -> Result<(f64, f64), String> {
+        let (rate, secs) = s
+            .split_once(':')
+            .ok_or_else(|| format!("step {s:?} is not RATE:SECONDS"))?;
+        let number = |v: &str, what: &str| match v.trim().parse::<f64>() {
+            Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
+            _ => Err(format!("step {s:?}: {what} {v:?} is not a positive number")),
+        };
+        Ok((number(rate, "rate")?, number(secs, "seconds")?))
+    };
+    let steps = text.split(',').map(step).collect::<Result<Vec<_>, _>>()?;
+    Ok(Profile(steps))
 }
 
 #[derive(Debug, Serialize)]
@@ -245,37 +269,61 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         })
         .collect::<Result<Vec<_>>>()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let report = runtime.block_on(generate(&args, images))?;
-    print_report(&report);
+    let json = match &args.profile {
+        None => {
+            let target = runtime.block_on(async { target(&args, images) })?;
+            let report = runtime.block_on(generate(&args, &target, args.rate, args.duration))?;
+            print_report(&report);
+            serde_json::to_string_pretty(&report)?
+        }
+        Some(Profile(steps)) => {
+            let target = runtime.block_on(async { target(&args, images) })?;
+            let mut reports = Vec::new();
+            for (i, &(rate, secs)) in steps.iter().enumerate() {
+                println!("step {} of {}:", i + 1, steps.len());
+                let report = runtime.block_on(generate(&args, &target, Some(rate), secs))?;
+                print_report(&report);
+                reports.push(report);
+            }
+            serde_json::to_string_pretty(&serde_json::json!({ "steps": reports }))?
+        }
+    };
     if let Some(path) = &args.output {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Result<BenchReport> {
+/// The server's detect URL and a client pooled for the load, shared by a profile's steps.
+fn target(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Result<Arc<Target>> {
     let base = args.url.trim_end_matches('/');
     let url = if args.query.is_empty() {
         format!("{base}/v1/detect")
     } else {
         format!("{base}/v1/detect?{}", args.query.trim_start_matches('?'))
     };
-    let pool = args
-        .rate
-        .map_or(args.concurrency, |_| args.max_outstanding.min(1024));
+    let open = args.rate.is_some() || args.profile.is_some();
+    let pool = if open {
+        args.max_outstanding.min(1024)
+    } else {
+        args.concurrency
+    };
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(args.timeout_ms))
         .pool_max_idle_per_host(pool)
         .build()?;
-    let n_images = images.len();
-    let target = Arc::new(Target {
+    Ok(Arc::new(Target {
         client,
-        url: url.clone(),
+        url,
         images,
         next: AtomicUsize::new(0),
         deadline_ms: args.deadline_ms,
-    });
+    }))
+}
+
+/// One measured run against `target`: open loop at `rate`, else closed loop, for
+/// `duration` seconds (or `--requests`, if sooner, outside a profile).
+async fn generate(args: &BenchArgs, target: &Arc<Target>, rate: Option<f64>, duration: f64) -> Result<BenchReport> {
     let histogram = || Histogram::new_with_bounds(1, 3_600_000_000, 3);
     let collector = Arc::new(Collector {
         latencies: Mutex::new(histogram()?),
@@ -298,13 +346,13 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
     let progress = tokio::spawn(show_progress(collector.clone(), start));
     let schedule = Schedule {
         start,
-        stop_at: start + Duration::from_secs_f64(args.duration),
-        limit: args.requests.unwrap_or(u64::MAX),
+        stop_at: start + Duration::from_secs_f64(duration),
+        limit: args.requests.filter(|_| args.profile.is_none()).unwrap_or(u64::MAX),
     };
-    let offered_rps = match args.rate {
-        Some(rate) => open_loop(rate, args.max_outstanding, &schedule, &target, &collector).await,
+    let offered_rps = match rate {
+        Some(rate) => open_loop(rate, args.max_outstanding, &schedule, target, &collector).await,
         None => {
-            closed_loop(args.concurrency, &schedule, &target, &collector).await;
+            closed_loop(args.concurrency, &schedule, target, &collector).await;
             None
         }
     };
@@ -330,13 +378,13 @@ async fn generate(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Resul
         overhead_p99: q(4, 0.99),
     };
     Ok(BenchReport {
-        url,
-        mode: if args.rate.is_some() { "open" } else { "closed" },
-        concurrency: args.rate.is_none().then_some(args.concurrency),
-        rate: args.rate,
+        url: target.url.clone(),
+        mode: if rate.is_some() { "open" } else { "closed" },
+        concurrency: rate.is_none().then_some(args.concurrency),
+        rate,
         started_unix_s,
         duration_s: elapsed,
-        images: n_images,
+        images: target.images.len(),
         requests: successes + collector.failed.load(Ordering::Relaxed),
         successes,
         throughput_rps: successes as f64 / elapsed,
@@ -487,5 +535,21 @@ fn print_report(r: &BenchReport) {
     } else {
         let list: Vec<String> = r.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!("errors: {}", list.join(", "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_are_rate_and_seconds_steps_and_bad_ones_say_which_step() {
+        assert_eq!(
+            parse_profile("10:30, 60:5.5,10:30").unwrap(),
+            Profile(vec![(10.0, 30.0), (60.0, 5.5), (10.0, 30.0)])
+        );
+        assert_eq!(parse_profile("10").unwrap_err(), "step \"10\" is not RATE:SECONDS");
+        assert!(parse_profile("10:30,0:5").unwrap_err().contains("rate \"0\""));
+        assert!(parse_profile("10:x").unwrap_err().contains("seconds \"x\""));
     }
 }
