@@ -323,7 +323,12 @@ fn target(args: &BenchArgs, images: Vec<(Bytes, &'static str)>) -> Result<Arc<Ta
 
 /// One measured run against `target`: open loop at `rate`, else closed loop, for
 /// `duration` seconds (or `--requests`, if sooner, outside a profile).
-async fn generate(args: &BenchArgs, target: &Arc<Target>, rate: Option<f64>, duration: f64) -> Result<BenchReport> {
+async fn generate(
+    args: &BenchArgs,
+    target: &Arc<Target>,
+    rate: Option<f64>,
+    duration: f64,
+) -> Result<BenchReport> {
     let histogram = || Histogram::new_with_bounds(1, 3_600_000_000, 3);
     let collector = Arc::new(Collector {
         latencies: Mutex::new(histogram()?),
@@ -347,7 +352,10 @@ async fn generate(args: &BenchArgs, target: &Arc<Target>, rate: Option<f64>, dur
     let schedule = Schedule {
         start,
         stop_at: start + Duration::from_secs_f64(duration),
-        limit: args.requests.filter(|_| args.profile.is_none()).unwrap_or(u64::MAX),
+        limit: args
+            .requests
+            .filter(|_| args.profile.is_none())
+            .unwrap_or(u64::MAX),
     };
     let offered_rps = match rate {
         Some(rate) => open_loop(rate, args.max_outstanding, &schedule, target, &collector).await,
@@ -548,7 +556,10 @@ mod tests {
             parse_profile("10:30, 60:5.5,10:30").unwrap(),
             Profile(vec![(10.0, 30.0), (60.0, 5.5), (10.0, 30.0)])
         );
-        assert_eq!(parse_profile("10").unwrap_err(), "step \"10\" is not RATE:SECONDS");
+        assert_eq!(
+            parse_profile("10").unwrap_err(),
+            "step \"10\" is not RATE:SECONDS"
+        );
         assert!(parse_profile("10:30,0:5").unwrap_err().contains("rate \"0\""));
         assert!(parse_profile("10:x").unwrap_err().contains("seconds \"x\""));
     }
