@@ -4,12 +4,11 @@
 //! [`crate::queue::BatchQueue`] and wait estimator.
 //!
 //! AIMD on the P99: a breach with batches that run part full (the batch's own run time or
-//! the wait for it to fill is what is too long) halves the batch limit and the batching
-//! delay at once; a breach with full batches is a backlog (requests arrive at least as
-//! fast as batches of this size serve them), which a smaller batch would only make worse
-//! (on the CPU of the development VM it did: a step-load run at 90% of capacity went from
-//! P99 235 ms at a static batch of 4 to 435 ms when breaches halved it), so the limit
-//! grows instead, towards the throughput of bigger batches. While the P99 stays well under
+//! the wait for it to fill is what is too long) halves the batch limit, though never
+//! below what the load fills, and the batching delay; a breach with full batches is a
+//! backlog (requests arrive at least as fast as batches of this size serve them), which a
+//! smaller batch would only make worse (step-load runs showed it on the CPU and on an
+//! H200, docs/benchmarks.md), so the limit goes back to its ceiling at once, hold or not. While the P99 stays well under
 //! the objective and batches run full (the limit, not the load, sets their size), the
 //! limit grows one allowed size at a time, and the delay back towards its configured
 //! value. After each change the controller holds still for one
@@ -148,17 +147,22 @@ impl AdaptiveBatcher {
         fill: BatchFill,
         now: Instant,
     ) -> Option<(BatchLimits, Change)> {
-        if self.hold_until.is_some_and(|t| now < t) || window.answered < MIN_SAMPLES {
+        if window.answered < MIN_SAMPLES {
             return None;
         }
         let before = self.current;
         let full = fill.mean() >= FULL_SHARE * self.current.max_batch as f64;
+        let held = self.hold_until.is_some_and(|t| now < t);
         let change = if window.p99 > self.objective && full {
-            // Full batches hardly wait for the delay: only the size matters here.
-            self.grow_batch();
+            // A backlog cannot wait out a hold: requests pile up meanwhile. The fill is
+            // measured since the last tick, not over the window, so it is current. Full
+            // batches hardly wait for the delay: only the size matters.
+            self.current.max_batch = self.ceiling();
             Change::Backlog
+        } else if held {
+            return None;
         } else if window.p99 > self.objective {
-            self.shrink();
+            self.shrink(fill.mean());
             Change::Breach
         } else if window.p99.as_secs_f64() < GROW_BELOW * self.objective.as_secs_f64() && full {
             self.grow();
@@ -173,21 +177,29 @@ impl AdaptiveBatcher {
         Some((self.current, change))
     }
 
-    fn grow_batch(&mut self) {
-        if let Some(next) = self.sizes.iter().copied().find(|&s| s > self.current.max_batch) {
-            self.current.max_batch = next;
-        }
+    fn ceiling(&self) -> usize {
+        self.sizes.last().copied().unwrap_or(1)
     }
 
-    fn shrink(&mut self) {
+    /// Halves the limit (to an allowed size), but not below the smallest allowed size that
+    /// holds the batches the load fills (`mean_fill`): a limit under that would turn the
+    /// breach into a backlog. Halves the delay.
+    fn shrink(&mut self, mean_fill: f64) {
         let half = self.current.max_batch / 2;
-        self.current.max_batch = self
+        let halved = self
             .sizes
             .iter()
             .copied()
             .filter(|&s| s <= half.max(1))
             .max()
             .unwrap_or(1);
+        let needed = self
+            .sizes
+            .iter()
+            .copied()
+            .find(|&s| s as f64 >= mean_fill.ceil())
+            .unwrap_or(self.current.max_batch);
+        self.current.max_batch = halved.max(needed).min(self.current.max_batch);
         self.current.max_delay /= 2;
         if self.current.max_delay < Duration::from_micros(50) {
             self.current.max_delay = Duration::ZERO;
@@ -195,7 +207,9 @@ impl AdaptiveBatcher {
     }
 
     fn grow(&mut self) {
-        self.grow_batch();
+        if let Some(next) = self.sizes.iter().copied().find(|&s| s > self.current.max_batch) {
+            self.current.max_batch = next;
+        }
         let step = self.ceiling_delay / 4;
         self.current.max_delay = (self.current.max_delay + step).min(self.ceiling_delay);
     }
@@ -284,10 +298,39 @@ mod tests {
         assert_eq!(limits.max_batch, 4);
         // Now the load fills batches of four and P99 is still over: bigger batches serve
         // more images a second, smaller ones fewer.
-        let (limits, why) = b.observe(&window(80 * MS, 100), full(4), t0 + 10 * S).unwrap();
+        // It does not wait out the hold, and goes back to the ceiling at once.
+        let (limits, why) = b.observe(&window(80 * MS, 100), full(4), t0 + S).unwrap();
         assert_eq!((limits.max_batch, why), (8, Change::Backlog));
         // At the ceiling nothing is left to grow: no change (the 429s are the answer).
         assert_eq!(b.observe(&window(80 * MS, 100), full(8), t0 + 20 * S), None);
+        let mut b = batcher(8, MS, &[1, 2, 4, 8]);
+        b.observe(&window(80 * MS, 100), full(1), t0).unwrap();
+        b.observe(&window(80 * MS, 100), full(1), t0 + 10 * S).unwrap();
+        assert_eq!(b.limits().max_batch, 2);
+        let (limits, _) = b.observe(&window(80 * MS, 100), full(2), t0 + 11 * S).unwrap();
+        assert_eq!(limits.max_batch, 8, "from 2 straight to 8");
+    }
+
+    #[test]
+    fn a_breach_never_shrinks_the_limit_below_what_the_load_fills() {
+        let t0 = Instant::now();
+        let mut b = batcher(8, MS, &[1, 2, 4, 8]);
+        // Batches of five on average: a limit of four would leave a backlog behind.
+        let five = BatchFill {
+            batches: 10,
+            images: 50,
+        };
+        let (limits, why) = b.observe(&window(80 * MS, 100), five, t0).unwrap();
+        assert_eq!(
+            (limits.max_batch, limits.max_delay, why),
+            (8, MS / 2, Change::Breach)
+        );
+        let three = BatchFill {
+            batches: 10,
+            images: 30,
+        };
+        let (limits, _) = b.observe(&window(80 * MS, 100), three, t0 + 10 * S).unwrap();
+        assert_eq!(limits.max_batch, 4);
     }
 
     #[test]
@@ -361,14 +404,15 @@ mod tests {
     #[test]
     fn sizes_that_are_not_padded_sizes_are_skipped() {
         let t0 = Instant::now();
-        // Sessions padded to 1, 4 and 12: halving 12 gives 6, which snaps down to 4.
+        // Sessions padded to 1, 4 and 12: halving 12 gives 6, which snaps down to 4 (the
+        // load fills batches of one).
         let mut b = batcher(12, MS, &[1, 4, 12]);
         assert_eq!(
-            b.observe(&window(90 * MS, 50), part(12), t0).unwrap().0.max_batch,
+            b.observe(&window(90 * MS, 50), full(1), t0).unwrap().0.max_batch,
             4
         );
         assert_eq!(
-            b.observe(&window(90 * MS, 50), part(4), t0 + 10 * S)
+            b.observe(&window(90 * MS, 50), full(1), t0 + 10 * S)
                 .unwrap()
                 .0
                 .max_batch,
