@@ -2,10 +2,11 @@
 //! one latency) and the queue task's tick (`stats`, merging ten slices), next to what an
 //! uncontended mutex alone costs, in one run so the ratios hold whatever the machine's load.
 
+use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion};
 use peregrine_engine::window::LatencyWindow;
 
 fn bench_window(c: &mut Criterion) {
