@@ -183,11 +183,15 @@ mod tests {
 
     use super::*;
 
-    /// Every `(path, method)` that a `.route(..)` call in `source` serves.
+    /// Every `(path, method)` that a `.route("..", ..)` call in `source` serves. Only calls
+    /// with a path literal are routes: `snapshot.route(name, version)` is request routing.
     fn routes_in(source: &str) -> BTreeSet<(String, String)> {
         let mut routes = BTreeSet::new();
         for (at, _) in source.match_indices(".route(") {
             let call = &source[at + ".route(".len()..];
+            if !call.trim_start().starts_with('"') {
+                continue;
+            }
             let mut depth = 1;
             let end = call
                 .char_indices()
