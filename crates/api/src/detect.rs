@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use crate::body::{deadline_after, discard_body, read_body};
 use crate::error::ApiError;
+use crate::fallback;
 use crate::wire::{BatchResponse, DetectJson, DetectQuery, ImageJson, SingleResponse};
 use crate::AppState;
 
@@ -36,6 +37,7 @@ struct Options {
     model: Option<String>,
     version: Option<u64>,
     timeout_ms: Option<u64>,
+    fallback: Option<bool>,
 }
 
 impl Options {
@@ -50,7 +52,14 @@ impl Options {
             model: q.model,
             version: q.version,
             timeout_ms: q.timeout_ms,
+            fallback: q.fallback,
         }
+    }
+
+    /// The model's fallback may serve this request: it names no version and does not
+    /// forbid it.
+    fn fallback_allowed(&self) -> bool {
+        self.version.is_none() && self.fallback != Some(false)
     }
 
     fn params(&self, engine: &Engine) -> Result<DetectParams, ParamsError> {
@@ -181,7 +190,7 @@ async fn handle(
         .and_then(|Query(query)| {
             let options = Options::from_query(query);
             let engine = state.engine(options.model.as_deref(), options.version)?;
-            let permit = engine.try_admit()?;
+            let (engine, permit) = state.admit(engine, options.fallback_allowed())?;
             Ok((options, engine, permit))
         });
     let (mut options, mut engine, mut permit) = match admitted {
@@ -236,9 +245,24 @@ async fn handle(
             options.timeout_ms.map(Duration::from_millis),
             &state.config,
         )?;
-    run_all(&engine, &permit, images, params, deadline)
-        .await
-        .map(|results| Answer { engine, results })
+    // A single image refused before any work was spent on it may go to the fallback.
+    let retry = (options.fallback_allowed() && images.len() == 1).then(|| images.clone());
+    match run_all(&engine, &permit, images, params, deadline).await {
+        Ok(results) => Ok(Answer { engine, results }),
+        Err(e) if fallback::is_refusal(&e) && retry.is_some() => {
+            let Some((fallback, permit)) = state.try_fallback(&engine, fallback::Reason::Backlogged) else {
+                return Err(e);
+            };
+            let params = options.params(&fallback)?;
+            let images = retry.expect("checked above");
+            let results = run_all(&fallback, &permit, images, params, deadline).await?;
+            Ok(Answer {
+                engine: fallback,
+                results,
+            })
+        }
+        Err(e) => Err(e),
+    }
 }
 
 async fn run_all(
@@ -334,6 +358,7 @@ fn json_images(body: &[u8]) -> Result<(Options, Vec<NamedImage>), ApiError> {
         model: req.model,
         version: req.version,
         timeout_ms: req.timeout_ms,
+        fallback: req.fallback,
     };
     Ok((options, images))
 }
@@ -351,6 +376,7 @@ fn merge(query: Options, body: Options) -> Options {
         model: body.model.or(query.model),
         version: body.version.or(query.version),
         timeout_ms: body.timeout_ms.or(query.timeout_ms),
+        fallback: body.fallback.or(query.fallback),
     }
 }
 

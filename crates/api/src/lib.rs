@@ -25,6 +25,7 @@ mod detect;
 pub mod drain;
 mod error;
 mod events;
+mod fallback;
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]

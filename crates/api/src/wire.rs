@@ -17,6 +17,8 @@ pub struct DetectQuery {
     /// A version of the model [default: the highest ready one].
     pub version: Option<u64>,
     pub timeout_ms: Option<u64>,
+    /// `false`: never serve this request with the model's fallback.
+    pub fallback: Option<bool>,
 }
 
 /// A class given by id or by name.
@@ -51,6 +53,8 @@ pub struct DetectJson {
     pub model: Option<String>,
     pub version: Option<u64>,
     pub timeout_ms: Option<u64>,
+    /// `false`: never serve this request with the model's fallback.
+    pub fallback: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]

@@ -20,6 +20,7 @@
 
 pub mod adaptive;
 mod detector;
+pub mod divert;
 mod error;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::adaptive::{AdaptiveBatcher, BatchFill, BatchLimits};
+use crate::divert::Divert;
 use crate::queue::{BatchPolicy, BatchQueue, Dropped, NextBatch, QueueItem};
 use crate::request::RequestError;
 use crate::shared::Shared;
@@ -118,6 +119,8 @@ struct QueueTask {
     adaptive: Option<AdaptiveBatcher>,
     /// Batches handed out since the last tick.
     fill: BatchFill,
+    /// Whether to send requests to the fallback, when the model has an objective.
+    divert: Option<Divert>,
 }
 
 impl QueueTask {
@@ -137,6 +140,7 @@ impl QueueTask {
             wait,
             adaptive: None,
             fill: BatchFill::default(),
+            divert: config.objective.as_ref().map(|o| Divert::new(o.p99)),
             shared,
         }
     }
@@ -201,6 +205,13 @@ impl QueueTask {
         self.shared.queued.store(self.queue.len(), Ordering::Relaxed);
         self.shared.wait.store(Arc::new(self.wait.clone()));
         telemetry::queue_depth(&self.model, self.queue.len());
+        if let Some(divert) = self.divert.as_mut() {
+            let expected = self.wait.estimate(self.shared.ahead(), true, now);
+            let on = divert.observe(expected);
+            if self.shared.diverting.swap(on, Ordering::Relaxed) != on {
+                tracing::info!(model = %self.model, diverting = on, expected_ms = expected.as_secs_f64() * 1e3, "fallback diverting changed");
+            }
+        }
         wake
     }
 

@@ -291,6 +291,13 @@ impl Engine {
         outcome
     }
 
+    /// Whether requests that allow it should go to the model's fallback now: the wait a
+    /// new request can expect passed the objective and has not yet come back under half
+    /// of it (`crate::divert`). Always false without an objective.
+    pub fn diverting(&self) -> bool {
+        self.shared.diverting.load(Ordering::Relaxed)
+    }
+
     /// End-to-end latency over the window ending now: P99 of the answered requests and
     /// the failures inside the engine.
     pub fn latency(&self) -> WindowStats {

@@ -3,7 +3,7 @@
 //! counters behind deadline-aware shedding. Each mutable part has one writer, named on
 //! its field; the rest only read.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,9 @@ pub(crate) struct Shared {
     pub batch_limit: AtomicUsize,
     /// Batches running on the instances right now.
     pub running: AtomicUsize,
+    /// Requests that allow it should go to the model's fallback (`crate::divert`): written
+    /// by the queue task, read at routing.
+    pub diverting: AtomicBool,
     pub stats: EngineStats,
     /// End-to-end latencies over the objective's window: written as each request ends,
     /// read by the queue task once a tick (a short lock either way).
@@ -88,6 +91,7 @@ impl Shared {
             )),
             batch_limit: AtomicUsize::new(policy.max_batch),
             running: AtomicUsize::new(0),
+            diverting: AtomicBool::new(false),
             stats: EngineStats::new(policy.max_batch),
             latency: Mutex::new(LatencyWindow::new(config.latency_window(), Instant::now())),
             output_shape: OnceLock::new(),

@@ -81,6 +81,9 @@ pub struct ModelSettings {
     /// Roll a new version out as a canary beside the serving one (`[rollout]`); `None`
     /// swaps it in at once.
     pub rollout: Option<crate::rollout::RolloutPolicy>,
+    /// The model (of the same repository) that serves requests this one cannot answer
+    /// within its objective or their deadline, unless they say `fallback=false`.
+    pub fallback: Option<String>,
 }
 
 impl Default for ModelSettings {
@@ -102,6 +105,7 @@ impl Default for ModelSettings {
             model_file: "model.onnx".into(),
             load_timeout: Duration::from_secs(300),
             rollout: None,
+            fallback: None,
         }
     }
 }
@@ -137,6 +141,8 @@ pub struct ModelConfigFile {
     pub slo: Option<crate::slo::SloFile>,
     /// Roll new versions out as canaries (`[rollout]`).
     pub rollout: Option<crate::rollout::RolloutFile>,
+    /// The model that takes requests this one cannot serve in time.
+    pub fallback: Option<String>,
 }
 
 /// `[provider]` in a model's `config.toml`.
@@ -248,6 +254,14 @@ impl ModelSettings {
         }
         if let Some(slo) = &file.slo {
             slo.apply(&mut s.engine.objective)?;
+        }
+        if let Some(name) = &file.fallback {
+            if name.is_empty() || name.contains('/') {
+                return Err(SettingsError(format!(
+                    "fallback {name:?} must name a model of the repository"
+                )));
+            }
+            s.fallback = Some(name.clone());
         }
         if let Some(r) = &file.rollout {
             s.rollout = Some(r.apply(&s.rollout.clone().unwrap_or_default())?);
@@ -414,6 +428,7 @@ trt_engine_cache = "trt-cache"
         let objective = s.engine.objective.expect("the example sets an objective");
         assert_eq!(objective.p99, Duration::from_millis(100));
         assert!(objective.adaptive_batching);
+        assert_eq!(s.fallback.as_deref(), Some("yolo11n-320"));
         let rollout = s.rollout.expect("the example rolls versions out");
         assert_eq!(
             (rollout.canary_percent, rollout.max_p99),
