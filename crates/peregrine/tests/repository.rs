@@ -521,7 +521,10 @@ async fn an_overloaded_model_hands_requests_to_its_fallback_unless_they_refuse_i
     let counted = server
         .metric("peregrine_fallbacks_total", "model=\"det\",fallback=\"small\"")
         .await;
-    assert!(counted >= by_small as f64, "{counted} counted, {by_small} answered by the fallback");
+    assert!(
+        counted >= by_small as f64,
+        "{counted} counted, {by_small} answered by the fallback"
+    );
 
     // Refusing the fallback: the model answers what it can in time and refuses the rest.
     let refused = burst(&client, &server, 12, "&fallback=false").await;

@@ -131,15 +131,16 @@ async fn a_healthy_canary_is_promoted_and_the_old_version_retired_with_no_failed
     .await;
     eventually("version 1 is retired", || version_state(&registry, 1).is_none()).await;
     assert!(registry.snapshot().models["det"].rollout.is_none());
-    assert_eq!(detect(&registry, "det", None).await.unwrap(), "2");
+    // Every request routed after the promotion goes to version 2. (A client's request
+    // routed just before it may still end on version 1, which finishes what it holds.)
+    for _ in 0..20 {
+        assert_eq!(detect(&registry, "det", None).await.unwrap(), "2");
+    }
     stop.store(true, Ordering::Relaxed);
     let served = versions(load).await;
     let all: Vec<u64> = served.iter().flatten().copied().collect();
     let canary = all.iter().filter(|&&v| v == 2).count();
     assert!(canary > 0 && all.contains(&1), "both served");
-    for versions in &served {
-        assert_eq!(versions.last(), Some(&2));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
