@@ -256,11 +256,7 @@ impl ModelSettings {
             slo.apply(&mut s.engine.objective)?;
         }
         if let Some(name) = &file.fallback {
-            if name.is_empty() || name.contains('/') {
-                return Err(SettingsError(format!(
-                    "fallback {name:?} must name a model of the repository"
-                )));
-            }
+            crate::store::check_name(name).map_err(|e| SettingsError(format!("fallback: {e}")))?;
             s.fallback = Some(name.clone());
         }
         if let Some(r) = &file.rollout {
@@ -438,6 +434,15 @@ trt_engine_cache = "trt-cache"
 
     #[test]
     fn bad_config_files_say_what_is_wrong() {
+        let file = ModelConfigFile::parse("fallback = \"../other\"").unwrap();
+        let err = ModelSettings::default()
+            .overlay(&file, Path::new("."))
+            .unwrap_err();
+        assert!(
+            err.0
+                .starts_with("fallback: model name \"../other\" is not allowed"),
+            "{err}"
+        );
         let err = ModelConfigFile::parse("max_bach = 8").unwrap_err();
         assert!(err.0.contains("unknown field `max_bach`"), "{err}");
         let file = ModelConfigFile::parse("max_batch = 2\npreferred_batch_sizes = [4]").unwrap();

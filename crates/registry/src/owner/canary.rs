@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::{ModelState, Owner, Trigger};
 use crate::plan::SyncPlan;
-use crate::rollout::{Rollout, Verdict};
+use crate::rollout::{Rollout, RolloutPolicy, Verdict};
 use crate::settings::ModelSettings;
 use crate::store::Fingerprint;
 use crate::{RegistryError, RolloutAction, RolloutStatus, RolloutView};
@@ -99,8 +99,7 @@ pub(super) fn after_loads(
     let newest = loaded.iter().copied().max();
     if let (Some(policy), Some(stable), Some(canary)) = (&settings.rollout, serving, newest) {
         if canary > stable && state.loaded.contains_key(&stable) {
-            let objective = settings.engine.objective.as_ref().map(|o| o.p99);
-            let plan = Rollout::new(stable, canary, policy.clone(), objective, Instant::now());
+            let plan = begin(stable, canary, policy.clone(), settings);
             tracing::info!(model = %name, stable, canary, percent = policy.canary_percent, "rolling a new version out as a canary");
             state.rollout = Some(ActiveRollout::new(plan));
             return;
@@ -112,6 +111,13 @@ pub(super) fn after_loads(
             state.rollout = None;
         }
     }
+}
+
+/// A rollout of `canary` beside `stable` starting now, its P99 limit defaulting to the
+/// model's objective.
+fn begin(stable: u64, canary: u64, policy: RolloutPolicy, settings: &ModelSettings) -> Rollout {
+    let objective = settings.engine.objective.as_ref().map(|o| o.p99);
+    Rollout::new(stable, canary, policy, objective, Instant::now())
 }
 
 fn status(plan: &Rollout, outcome: &'static str) -> RolloutStatus {
@@ -227,8 +233,7 @@ impl Owner {
                 let settings = state.settings.clone().unwrap_or_default();
                 let base = settings.rollout.clone().unwrap_or_default();
                 let policy = policy.apply(&base).map_err(|e| refused(e.0))?;
-                let objective = settings.engine.objective.as_ref().map(|o| o.p99);
-                let plan = Rollout::new(stable, canary, policy, objective, Instant::now());
+                let plan = begin(stable, canary, policy, &settings);
                 tracing::info!(model = %name, stable, canary, percent = plan.policy.canary_percent, "rollout started on request");
                 let answer = status(&plan, "running");
                 state.rollout = Some(ActiveRollout::new(plan));
