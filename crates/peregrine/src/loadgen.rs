@@ -269,15 +269,15 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         })
         .collect::<Result<Vec<_>>>()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // One client pool for the whole run, a profile's steps included.
+    let target = runtime.block_on(async { target(&args, images) })?;
     let json = match &args.profile {
         None => {
-            let target = runtime.block_on(async { target(&args, images) })?;
             let report = runtime.block_on(generate(&args, &target, args.rate, args.duration))?;
             print_report(&report);
             serde_json::to_string_pretty(&report)?
         }
         Some(Profile(steps)) => {
-            let target = runtime.block_on(async { target(&args, images) })?;
             let mut reports = Vec::new();
             for (i, &(rate, secs)) in steps.iter().enumerate() {
                 println!("step {} of {}:", i + 1, steps.len());
