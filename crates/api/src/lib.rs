@@ -13,6 +13,8 @@
 //!   the server is not draining), `/metrics`.
 //! - [`access`]: which scope each route and gRPC method needs; the middleware and the gRPC
 //!   layer that refuse requests without a key allowed to make them.
+//! - [`trace`]: W3C `traceparent` in and out, and each request's server span, on HTTP
+//!   and gRPC alike.
 //! - [`drain`]: shutdown in two steps: new requests refused while admitted ones finish.
 //! - `error`: [`ApiError`], the single mapping from engine and registry errors to HTTP
 //!   status codes and to gRPC codes.
@@ -36,6 +38,7 @@ mod kserve;
 mod live;
 mod streams;
 pub mod tls;
+pub mod trace;
 mod wire;
 
 use std::sync::Arc;
@@ -173,6 +176,8 @@ pub fn router(state: AppState) -> Router {
         .merge(kserve::routes())
         // Matched routes only, so that the middleware sees the route's template.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), access::gate))
+        // Outside the access gate, so that a refused request is traced too.
+        .route_layer(trace::TraceLayer(trace::Protocol::Http))
         .fallback(|| async { ApiError::NotFound })
         .layer(axum::middleware::from_fn_with_state(state.clone(), drain::gate))
         .with_state(state)

@@ -11,6 +11,7 @@ use peregrine_vision::{
 };
 
 use crate::slot::{Slot, SlotOutput};
+use crate::spans::{self, Stage};
 use crate::EngineError;
 
 /// Choices made when a detector is built.
@@ -244,11 +245,12 @@ impl Detector {
     pub fn run_batch(&mut self, slots: &[Slot]) -> Result<(Vec<SlotOutput>, StageTimings), EngineError> {
         let started = Instant::now();
         let shape = self.batch_shape(slots)?;
-        self.fill_input(shape, slots)?;
+        spans::stage(Stage::Preprocess).in_scope(|| self.fill_input(shape, slots))?;
         let preprocessed = Instant::now();
-        let rejected = self.run_model(shape, slots)?;
+        let rejected = spans::stage(Stage::Inference).in_scope(|| self.run_model(shape, slots))?;
         let inferred = Instant::now();
-        let outputs = self.read_outputs(shape[0], slots, rejected)?;
+        let outputs =
+            spans::stage(Stage::Postprocess).in_scope(|| self.read_outputs(shape[0], slots, rejected))?;
         let timings = StageTimings {
             preprocess: preprocessed - started,
             inference: inferred - preprocessed,

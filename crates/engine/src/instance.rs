@@ -14,7 +14,7 @@ use crate::request::RequestError;
 use crate::shared::Shared;
 use crate::slot::{Slot, SlotOutput};
 use crate::stats::BatchRun;
-use crate::{telemetry, EngineError};
+use crate::{spans, telemetry, EngineError};
 
 /// Model instance threads alive in this process, sessions included.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -147,24 +147,29 @@ struct Waiting {
     /// Its time in the queue.
     waited: std::time::Duration,
     decode: std::time::Duration,
+    /// Its `infer` span, linked to the batch's, ended once it is answered.
+    span: tracing::Span,
 }
 
 /// Runs one batch and answers each of its slots.
 fn run_one(detector: &mut Detector, batch: Batch, shared: &Shared) {
-    let (model, size) = (&shared.config.name, batch.len());
+    let (model, version, size) = (&shared.config.name, &shared.config.version, batch.len());
+    let batch_span = spans::batch(batch.iter().map(|(e, _)| &e.request), model, version, size);
     let (slots, waiting): (Vec<Slot>, Vec<Waiting>) = batch
         .into_iter()
         .map(|(entry, waited)| {
+            drop(entry.queued);
             let waiting = Waiting {
                 reply: entry.reply,
                 waited,
                 decode: entry.decode,
+                span: spans::infer(&entry.request, &batch_span, model, version, size),
             };
             (entry.slot, waiting)
         })
         .unzip();
     shared.running.fetch_add(1, Ordering::Relaxed);
-    let outcome = detector.run_batch(&slots);
+    let outcome = batch_span.in_scope(|| detector.run_batch(&slots));
     shared.running.fetch_sub(1, Ordering::Relaxed);
     // The canvases go back to the pool before anyone is answered.
     for canvas in slots.into_iter().filter_map(Slot::into_canvas) {
@@ -190,12 +195,15 @@ fn run_one(detector: &mut Detector, batch: Batch, shared: &Shared) {
                     batch_size: size,
                 };
                 let _ = w.reply.send(Ok((output, timings)));
+                // The request's part in the batch ends once it has its answer.
+                drop(w.span);
             }
         }
         Err(e) => {
-            let version = &shared.config.version;
-            tracing::error!(model = %model, version = %version, error = %e, batch = size, "inference failed");
+            tracing::error!(parent: &batch_span, model = %model, version = %version, error = %e, batch = size, "inference failed");
             for w in waiting {
+                // Marks the request's span as failed in its trace (not a second log line).
+                tracing::error!(target: spans::TARGET, parent: &w.span, error = %e, "inference failed");
                 let _ = w.reply.send(Err(RequestError::Inference(e.to_string())));
             }
         }

@@ -32,6 +32,7 @@ mod request;
 mod service;
 mod shared;
 mod slot;
+pub mod spans;
 pub mod stats;
 pub mod telemetry;
 pub mod wait;

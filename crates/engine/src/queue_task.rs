@@ -27,6 +27,10 @@ pub(crate) struct Entry {
     /// Time spent decoding and letterboxing before the entry was queued.
     pub decode: Duration,
     pub reply: Reply,
+    /// The caller's span, for traces (none when nobody traces the request).
+    pub request: tracing::Span,
+    /// The request's `queue` span: it ends when the entry leaves the queue.
+    pub queued: tracing::Span,
 }
 
 /// Where one slot's time went inside the engine, after decoding.
@@ -59,6 +63,8 @@ impl QueueItem for Entry {
 
 pub(crate) type Batch = Vec<(Entry, Duration)>;
 
+// Nearly every command is an `Enqueue`: boxing it would only add an allocation per request.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Command {
     Enqueue(Entry),
     /// An instance warmed up: the time each batch size took (size, duration).

@@ -35,7 +35,7 @@ use crate::slot::{Slot, SlotOutput};
 use crate::stats::StatsSnapshot;
 use crate::wait::Ahead;
 use crate::window::WindowStats;
-use crate::{instance, telemetry, EngineError};
+use crate::{instance, spans, telemetry, EngineError};
 
 /// Estimates are stretched by this much before they are held against a deadline: under
 /// overload the queue settles where estimates meet deadlines, so without headroom the
@@ -244,6 +244,7 @@ impl Engine {
 
     /// Takes a slot for one request, or says at once that there is none.
     pub fn try_admit(&self) -> Result<AdmissionPermit, RequestError> {
+        let _span = spans::admission().entered();
         let permit =
             self.shared
                 .admission
@@ -466,7 +467,8 @@ impl Engine {
         }
         let shared = self.shared.clone();
         let started = Instant::now();
-        let prepared = tokio::task::spawn_blocking(move || prepare(&shared))
+        let span = spans::decode(&tracing::Span::current(), self.name(), self.version());
+        let prepared = tokio::task::spawn_blocking(move || span.in_scope(|| prepare(&shared)))
             .await
             .map_err(|e| RequestError::Inference(format!("the decoder task failed: {e}")))??;
         drop((decoder, decoding));
@@ -560,11 +562,14 @@ impl Engine {
         decode: Duration,
     ) -> Result<(SlotOutput, ItemTimings), RequestError> {
         let (reply, answer) = oneshot::channel();
+        let request = tracing::Span::current();
         let entry = Entry {
             slot,
             deadline,
             decode,
             reply,
+            queued: spans::queue(&request, self.name(), self.version()),
+            request,
         };
         self.commands
             .send(Command::Enqueue(entry))

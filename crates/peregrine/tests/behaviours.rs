@@ -35,6 +35,8 @@ fn request_id(r: &reqwest::Response) -> String {
     r.headers()["x-request-id"].to_str().unwrap().to_string()
 }
 
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detect_echoes_a_given_request_id_and_generates_one_otherwise() {
     let server = server().await;
@@ -44,11 +46,17 @@ async fn detect_echoes_a_given_request_id_and_generates_one_otherwise() {
         &client,
         &url,
         image_bytes("bus.jpg"),
-        &[("x-request-id", "chosen-by-the-client")],
+        &[
+            ("x-request-id", "chosen-by-the-client"),
+            ("traceparent", TRACEPARENT),
+        ],
     )
     .await;
     assert_eq!(given.status(), 200);
     assert_eq!(request_id(&given), "chosen-by-the-client");
+    // Without traces configured the server takes no part in the caller's trace and
+    // hands its context back unchanged.
+    assert_eq!(given.headers()["traceparent"], TRACEPARENT);
     let mut generated = Vec::new();
     for _ in 0..2 {
         let r = post_image(&client, &url, image_bytes("bus.jpg"), &[]).await;

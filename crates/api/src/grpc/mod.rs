@@ -385,6 +385,7 @@ pub async fn serve(
     let router = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(32 << 20))
+        .layer(crate::trace::TraceLayer(crate::trace::Protocol::Grpc))
         .layer(access)
         .add_service(health)
         .add_service(InferenceService::new(state).into_server());

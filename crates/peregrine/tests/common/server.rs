@@ -17,7 +17,12 @@ pub struct Server {
 impl Server {
     /// Starts the server with `extra` flags and waits until it listens (not until ready).
     pub fn start(extra: &[&str]) -> Server {
-        Self::launch(&["--log-format", "text"], extra, false)
+        Self::launch(&["--log-format", "text"], extra, &[], false)
+    }
+
+    /// [`Server::start`] with environment variables set for the server.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::launch(&["--log-format", "text"], extra, env, false)
     }
 
     /// A server for all the tests of one binary to share, with the server's default log
@@ -29,7 +34,7 @@ impl Server {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-            let _ = tx.send(Self::launch(&[], &extra, true));
+            let _ = tx.send(Self::launch(&[], &extra, &[], true));
             loop {
                 std::thread::park();
             }
@@ -37,7 +42,12 @@ impl Server {
         rx.recv().expect("the server starts")
     }
 
-    fn launch(log_format: &[&str], extra: &[&str], die_with_this_thread: bool) -> Server {
+    fn launch(
+        log_format: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+        die_with_this_thread: bool,
+    ) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_peregrine"));
         if die_with_this_thread {
             use std::os::unix::process::CommandExt as _;
@@ -72,6 +82,7 @@ impl Server {
             // files (flags a test gives beat these).
             .env("PEREGRINE_STREAM_ALLOW_HOSTS", "127.0.0.1")
             .env("PEREGRINE_STREAM_FILE_ROOTS", test_file_roots())
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
