@@ -467,7 +467,7 @@ impl Engine {
         }
         let shared = self.shared.clone();
         let started = Instant::now();
-        let span = spans::decode(&tracing::Span::current(), self.name(), self.version());
+        let span = spans::decode(&spans::current_request(), self.name(), self.version());
         let prepared = tokio::task::spawn_blocking(move || span.in_scope(|| prepare(&shared)))
             .await
             .map_err(|e| RequestError::Inference(format!("the decoder task failed: {e}")))??;
@@ -562,7 +562,7 @@ impl Engine {
         decode: Duration,
     ) -> Result<(SlotOutput, ItemTimings), RequestError> {
         let (reply, answer) = oneshot::channel();
-        let request = tracing::Span::current();
+        let request = spans::current_request();
         let entry = Entry {
             slot,
             deadline,

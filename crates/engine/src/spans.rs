@@ -17,22 +17,37 @@ use tracing::Span;
 pub const TARGET: &str = "peregrine::trace";
 
 /// A span for traces under `parent`, or no span at all when tracing is off or `parent`
-/// is none (a request nobody traces).
+/// is disabled (a request nobody traces). The level is checked first, so that with
+/// tracing off `parent` is not even evaluated.
 macro_rules! trace_span {
     ($parent:expr, $name:literal $(, $($fields:tt)*)?) => {{
-        let parent: &::tracing::Span = $parent;
-        if !::tracing::level_enabled!(::tracing::Level::TRACE) || parent.is_disabled() {
+        if !::tracing::level_enabled!(::tracing::Level::TRACE) {
             ::tracing::Span::none()
         } else {
-            ::tracing::span!(
-                target: $crate::spans::TARGET,
-                parent: parent,
-                ::tracing::Level::TRACE,
-                $name
-                $(, $($fields)*)?
-            )
+            let parent: &::tracing::Span = $parent;
+            if parent.is_disabled() {
+                ::tracing::Span::none()
+            } else {
+                ::tracing::span!(
+                    target: $crate::spans::TARGET,
+                    parent: parent,
+                    ::tracing::Level::TRACE,
+                    $name
+                    $(, $($fields)*)?
+                )
+            }
         }
     }};
+}
+
+/// The caller's span, to make the request's spans under: none while tracing is off, so
+/// that an untraced request clones no span (the log's own spans included).
+pub(crate) fn current_request() -> Span {
+    if tracing::level_enabled!(tracing::Level::TRACE) {
+        Span::current()
+    } else {
+        Span::none()
+    }
 }
 
 /// Taking an admission permit, under the caller's current span.
@@ -57,9 +72,7 @@ pub(crate) fn batch<'a>(
     version: &str,
     size: usize,
 ) -> Span {
-    if !tracing::level_enabled!(tracing::Level::TRACE) {
-        return Span::none();
-    }
+    // Requests carry a disabled span whenever tracing is off (`current_request`).
     if requests.into_iter().all(Span::is_disabled) {
         return Span::none();
     }
@@ -93,11 +106,10 @@ pub(crate) fn infer(request: &Span, batch: &Span, model: &str, version: &str, si
 /// A stage of the batch running now (`preprocess`, `inference` or `postprocess`), under
 /// the current span: the batch's, on an instance thread.
 pub(crate) fn stage(name: Stage) -> Span {
-    let current = Span::current();
     match name {
-        Stage::Preprocess => trace_span!(&current, "preprocess"),
-        Stage::Inference => trace_span!(&current, "inference"),
-        Stage::Postprocess => trace_span!(&current, "postprocess"),
+        Stage::Preprocess => trace_span!(&Span::current(), "preprocess"),
+        Stage::Inference => trace_span!(&Span::current(), "inference"),
+        Stage::Postprocess => trace_span!(&Span::current(), "postprocess"),
     }
 }
 
