@@ -133,6 +133,7 @@ pub struct BackoffConfig {
     pub multiplier: f64,
     pub jitter: f64,
     pub min_connection_interval_ms: u64,
+    pub first_connect_timeout_ms: u64,
 }
 
 impl Default for BackoffConfig {
@@ -145,6 +146,7 @@ impl Default for BackoffConfig {
             multiplier: p.multiplier,
             jitter: p.jitter,
             min_connection_interval_ms: p.min_connection_interval.as_millis() as u64,
+            first_connect_timeout_ms: p.first_connect_timeout.as_millis() as u64,
         }
     }
 }
@@ -158,6 +160,7 @@ impl From<&BackoffConfig> for BackoffPolicy {
             multiplier: c.multiplier,
             jitter: c.jitter,
             min_connection_interval: Duration::from_millis(c.min_connection_interval_ms),
+            first_connect_timeout: Duration::from_millis(c.first_connect_timeout_ms),
         }
     }
 }

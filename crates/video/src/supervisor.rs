@@ -60,10 +60,24 @@ enum Ended {
     EndOfStream,
     Failed {
         error: SourceError,
-        /// When the attempt began, if the connection worked: the decoder produced a
-        /// picture from it.
-        worked_since: Option<Instant>,
+        /// When the attempt began.
+        started: Instant,
+        /// How far it got.
+        reached: Reached,
     },
+}
+
+/// How far a failed attempt got, which decides the delay before the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reached {
+    /// No answer: refused, unreachable, or an error before the stream opened.
+    Nothing,
+    /// Opening hung until its limit.
+    Hung,
+    /// The stream opened, but no picture was decoded from it.
+    Answered,
+    /// The decoder produced a picture from this connection.
+    Worked,
 }
 
 impl Supervisor {
@@ -74,21 +88,29 @@ impl Supervisor {
             self.status.set(StreamStatus::Connecting {
                 attempt: backoff.failures() + 1,
             });
+            let connect_timeout = backoff.connect_timeout(self.config.connect_timeout);
             let ended = tokio::select! {
                 biased;
                 _ = stop_requested(&mut shutdown) => break "removed".to_string(),
-                ended = self.run_once() => ended,
+                ended = self.run_once(connect_timeout) => ended,
             };
-            let (error, worked_since) = match ended {
+            let (error, started, reached) = match ended {
                 Ended::EndOfStream => break "end of stream".to_string(),
-                Ended::Failed { error, worked_since } => (error, worked_since),
+                Ended::Failed {
+                    error,
+                    started,
+                    reached,
+                } => (error, started, reached),
             };
             if matches!(error, SourceError::DecoderGone) {
                 break error.to_string();
             }
-            let delay = match worked_since {
-                Some(started) => backoff.after_working(started, Instant::now(), rand::random::<f64>()),
-                None => backoff.after_failure(rand::random::<f64>()),
+            let (now, random) = (Instant::now(), rand::random::<f64>());
+            let delay = match reached {
+                Reached::Worked => backoff.after_working(started, now, random),
+                Reached::Answered => backoff.after_answered(started, now, random),
+                Reached::Hung => backoff.after_hang(random),
+                Reached::Nothing => backoff.after_failure(random),
             };
             tracing::warn!(
                 stream = %self.config.stream,
@@ -115,31 +137,44 @@ impl Supervisor {
         self.worker.shut_down().await;
     }
 
-    async fn run_once(&mut self) -> Ended {
+    async fn run_once(&mut self, connect_timeout: Duration) -> Ended {
         let started = Instant::now();
         let epoch_before = self.worker.epoch();
-        match self.stream().await {
+        let mut opened = false;
+        match self.stream(connect_timeout, &mut opened).await {
             Ok(()) => Ended::EndOfStream,
             Err(error) => {
                 // Only a picture from a decoder this connection opened shows it worked.
                 let worked = self.worker.epoch() > epoch_before && self.worker.decoded_since_open();
+                let reached = if worked {
+                    Reached::Worked
+                } else if opened {
+                    Reached::Answered
+                } else if matches!(error, SourceError::Timeout { what: CONNECTING, .. }) {
+                    Reached::Hung
+                } else {
+                    Reached::Nothing
+                };
                 Ended::Failed {
                     error,
-                    worked_since: worked.then_some(started),
+                    started,
+                    reached,
                 }
             }
         }
     }
 
-    async fn stream(&mut self) -> Result<(), SourceError> {
+    /// Opens the source within `connect_timeout` (setting `opened` once it has) and hands
+    /// its frames to the decoder until it fails or ends.
+    async fn stream(&mut self, connect_timeout: Duration, opened: &mut bool) -> Result<(), SourceError> {
         let timeout_ms = |d: Duration| d.as_millis() as u64;
-        let connect = self.config.connect_timeout;
-        let mut source = tokio::time::timeout(connect, self.opener.open())
+        let mut source = tokio::time::timeout(connect_timeout, self.opener.open())
             .await
             .map_err(|_| SourceError::Timeout {
-                what: "connecting",
-                after_ms: timeout_ms(connect),
+                what: CONNECTING,
+                after_ms: timeout_ms(connect_timeout),
             })??;
+        *opened = true;
         if let Some(p) = source.parameters() {
             self.worker.open(p.decoder.clone()).await?;
         }
@@ -175,6 +210,9 @@ impl Supervisor {
         }
     }
 }
+
+/// What an attempt that hung while opening reports (`SourceError::Timeout::what`).
+const CONNECTING: &str = "connecting";
 
 /// Resolves when the stop flag turns true or its sender is dropped.
 async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
@@ -381,6 +419,7 @@ mod tests {
             multiplier: 2.0,
             jitter: 0.0,
             min_connection_interval: Duration::from_secs(1),
+            first_connect_timeout: Duration::from_millis(500),
         }
     }
 
@@ -507,9 +546,10 @@ mod tests {
             Attempt::Refuse,
         ])
         .await;
-        // Connect timeout 2 s, then 100 ms; 3 frames (120 ms) and the frame timeout (1 s),
-        // then the fast first retry (50 ms): those frames decoded, so the connection worked.
-        assert_eq!(h.gaps_of_first(3).await, [2100, 1170]);
+        // The first attempt's limit (500 ms), then 100 ms; 3 frames (120 ms) and the frame
+        // timeout (1 s), then the fast first retry (50 ms): those frames decoded, so the
+        // connection worked.
+        assert_eq!(h.gaps_of_first(3).await, [600, 1170]);
         assert_eq!(h.counters.snapshot().frames_received, 3);
         h.stop().await;
     }
@@ -538,9 +578,47 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_camera_that_accepts_but_sends_nothing_backs_off_as_a_failure() {
-        let h = start(vec![stream(0, Then::Fail)]).await;
-        assert_eq!(h.gaps_of_first(5).await, [100, 200, 400, 800]);
+    async fn a_camera_that_accepts_but_sends_nothing_is_tried_at_most_once_per_interval() {
+        // Each attempt opens and fails at once: the camera answers, so refusals before it
+        // are forgiven, but its own failures grow (100, 200, 400, 800 ms) under the rate
+        // cap (1 s from each start).
+        let refuse = Attempt::Refuse;
+        let h = start(vec![refuse, refuse, refuse, refuse, stream(0, Then::Fail)]).await;
+        assert_eq!(h.gaps_of_first(8).await, [100, 200, 400, 800, 1000, 1000, 1000]);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_camera_back_from_an_outage_but_silent_at_first_is_retried_soon() {
+        // Refused four times (the outage), then a connection that opens but stays silent
+        // past the frame timeout (1 s; the camera is still starting its encoder), then one
+        // that streams: the silent one proves the camera answers, so the next attempt
+        // comes after `initial` (100 ms), not after the outage's grown delay (1600 ms,
+        // capped at 800).
+        let refuse = Attempt::Refuse;
+        let h = start(vec![
+            refuse,
+            refuse,
+            refuse,
+            refuse,
+            stream(0, Then::Hang),
+            stream(5, Then::Hang),
+        ])
+        .await;
+        assert_eq!(h.gaps_of_first(6).await, [100, 200, 400, 800, 1000 + 100]);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attempts_that_hang_get_a_longer_limit_each_time_up_to_the_connect_timeout() {
+        // First limit 500 ms, doubled by each hang up to the connect timeout (2 s); the
+        // delays after the hangs grow as failures do (100, 200, 400, 800 ms).
+        let hang = Attempt::HangOnConnect;
+        let h = start(vec![hang, hang, hang, hang, stream(5, Then::Hang)]).await;
+        assert_eq!(
+            h.gaps_of_first(5).await,
+            [500 + 100, 1000 + 200, 2000 + 400, 2000 + 800]
+        );
         h.stop().await;
     }
 

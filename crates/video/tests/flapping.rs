@@ -28,6 +28,35 @@ struct Recovery {
     from_spawn: Duration,
 }
 
+/// Polls the stream's status every 20 ms and keeps each change with its time, so that a
+/// slow restart can say what the stream went through (the benchmark prints it).
+fn follow_status(manager: StreamManagerHandle) -> tokio::task::JoinHandle<Vec<(Instant, String)>> {
+    tokio::spawn(async move {
+        let mut trail: Vec<(Instant, String)> = Vec::new();
+        while let Ok(report) = manager.status("cam").await {
+            let now = format!("{:?}", report.status);
+            if trail.last().is_none_or(|(_, last)| *last != now) {
+                trail.push((Instant::now(), now));
+            }
+            if matches!(report.status, peregrine_video::StreamStatus::Stopped { .. }) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        trail
+    })
+}
+
+/// The status changes between `from` and `to`, with times relative to `from`.
+fn trail_between(trail: &[(Instant, String)], from: Instant, to: Instant) -> String {
+    trail
+        .iter()
+        .filter(|(at, _)| *at >= from && *at <= to)
+        .map(|(at, status)| format!("  +{:>5} ms {status}", (*at - from).as_millis()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Kills and restarts the server `up_for.len()` times, staying up `up_for[i]` after the
 /// i-th return; the recovery of each restart.
 async fn flap(up_for: &[Duration]) -> Vec<Recovery> {
@@ -45,6 +74,8 @@ async fn flap(up_for: &[Duration]) -> Vec<Recovery> {
         "the first start",
     )
     .await;
+    let status = follow_status(manager.clone());
+    let mut cycles = Vec::new();
     let mut recoveries = Vec::new();
     for (cycle, up) in up_for.iter().enumerate() {
         server.stop();
@@ -61,11 +92,21 @@ async fn flap(up_for: &[Duration]) -> Vec<Recovery> {
         };
         eprintln!("restart {cycle}: detections back {:?} after the server listened again ({:?} after it was started)", r.from_ready, r.from_spawn);
         recoveries.push(r);
+        cycles.push((killed, back));
         // The camera's planned time up before its next reboot.
         tokio::time::sleep_until(ready + *up).await;
     }
     check_reconnects(&manager, up_for.len()).await;
     manager.shutdown().await.unwrap();
+    let trail = status.await.unwrap();
+    for (cycle, ((killed, back), r)) in cycles.iter().zip(&recoveries).enumerate() {
+        if r.from_ready >= Duration::from_secs(3) {
+            eprintln!(
+                "restart {cycle} was slow; the stream's status from the kill:\n{}",
+                trail_between(&trail, *killed, *back)
+            );
+        }
+    }
     recoveries
 }
 
