@@ -5,7 +5,12 @@
 # answers by status, late 504s as a share of all requests, latency percentiles per status,
 # 200s per second against the capacity, and resident memory idle and at peak.
 #
-#   [PEREGRINE_BIN=path] scripts/overload-defaults.sh [DURATION_S=120] [OUT_DIR=target/overload-defaults]
+#   [PEREGRINE_BIN=path] [PEREGRINE_SERVE_ARGS="--compute-nice 0"] \
+#       scripts/overload-defaults.sh [DURATION_S=120] [OUT_DIR=target/overload-defaults]
+#
+# PEREGRINE_SERVE_ARGS adds flags to the server's (for A/B runs of one setting). Resident
+# memory is sampled every second; smaps_rollup at the peak says how much of it is anonymous
+# memory (heap, arenas, pools) and how much is mapped files (the binary, ONNX Runtime).
 #
 # Traffic goes to 127.0.0.1 only.
 set -euo pipefail
@@ -20,8 +25,9 @@ command -v hey >/dev/null || { echo "needs hey (apt-get install hey)" >&2; exit 
 mkdir -p "$out"
 [ -x "$bin" ] || cargo build --release --locked
 
+# shellcheck disable=SC2086 # PEREGRINE_SERVE_ARGS is a list of flags.
 "$bin" serve --host 127.0.0.1 --port "$port" --request-timeout-ms 2000 --log-level warn \
-    2>"$out/server.log" &
+    ${PEREGRINE_SERVE_ARGS:-} 2>"$out/server.log" &
 server=$!
 trap 'kill "$server" 2>/dev/null || true' EXIT
 for _ in $(seq 1 240); do
@@ -34,7 +40,16 @@ idle_kb=$(rss)
 url="http://127.0.0.1:$port/v1/detect"
 hey -z 20s -c 8 -m POST -T image/jpeg -D "$image" -o csv "$url" >"$out/capacity.csv"
 peak_kb=$idle_kb
-( while kill -0 "$server" 2>/dev/null; do rss; sleep 2; done ) >"$out/rss.txt" &
+rm -f "$out/peak_kb"
+( while kill -0 "$server" 2>/dev/null; do
+    kb=$(rss)
+    echo "$kb"
+    if [ "$kb" -gt "$(cat "$out/peak_kb" 2>/dev/null || echo 0)" ]; then
+        echo "$kb" >"$out/peak_kb"
+        cat "/proc/$server/smaps_rollup" >"$out/smaps_at_peak.txt" 2>/dev/null || true
+    fi
+    sleep 1
+done ) >"$out/rss.txt" &
 sampler=$!
 hey -z "${duration}s" -c 48 -q 1 -m POST -T image/jpeg -D "$image" -o csv "$url" >"$out/overload.csv"
 kill "$sampler" 2>/dev/null || true
@@ -68,6 +83,16 @@ summary = {
     "ok_rps_over_capacity": round(ok / duration / capacity, 3) if capacity else None,
     "rss_mib": {"idle": round(idle_kb / 1024), "peak": round(peak_kb / 1024)},
 }
+try:
+    rollup = {}
+    for line in open(f"{out}/smaps_at_peak.txt"):
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "kB":
+            rollup[parts[0].rstrip(":")] = int(parts[1])
+    summary["rss_mib"]["peak_anonymous"] = round(rollup.get("Anonymous", 0) / 1024)
+    summary["rss_mib"]["peak_files"] = round((rollup.get("Rss", 0) - rollup.get("Anonymous", 0)) / 1024)
+except OSError:
+    pass
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
 print(json.dumps(summary, indent=2))
 PY

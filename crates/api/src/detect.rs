@@ -193,6 +193,18 @@ async fn handle(
             let (engine, permit) = state.admit(engine, options.fallback_allowed())?;
             Ok((options, engine, permit))
         });
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    // A JSON body may name another model or its own timeout; any other body's deadline and
+    // engine are known now, so a request that cannot be answered in time is refused before
+    // its body is read.
+    let admitted = match admitted {
+        Ok(a) if !content_type.starts_with("application/json") => refuse_early(state, a, headers, started),
+        other => other,
+    };
     let (mut options, mut engine, mut permit) = match admitted {
         Ok(a) => a,
         Err(e) => {
@@ -201,11 +213,6 @@ async fn handle(
         }
     };
 
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_ascii_lowercase();
     let bytes = read_body(body, headers, &state.config).await?;
     let images = if content_type.starts_with("multipart/form-data") {
         multipart_images(&content_type, bytes).await?
@@ -262,6 +269,35 @@ async fn handle(
             })
         }
         Err(e) => Err(e),
+    }
+}
+
+/// Checks an admitted request's engine against its deadline before the body is read
+/// (`Engine::check_admission`); one it would answer late goes to the fallback where
+/// allowed, or is refused.
+fn refuse_early(
+    state: &AppState,
+    (options, engine, permit): (Options, Engine, AdmissionPermit),
+    headers: &HeaderMap,
+    started: Instant,
+) -> Result<(Options, Engine, AdmissionPermit), ApiError> {
+    let timeout = deadline_after(
+        headers,
+        options.timeout_ms.map(Duration::from_millis),
+        &state.config,
+    )?;
+    match engine.check_admission(started + timeout) {
+        Ok(()) => Ok((options, engine, permit)),
+        Err(refusal) => {
+            let moved = options
+                .fallback_allowed()
+                .then(|| state.try_fallback(&engine, fallback::Reason::Backlogged))
+                .flatten();
+            match moved {
+                Some((fallback, permit)) => Ok((options, fallback, permit)),
+                None => Err(refusal.into()),
+            }
+        }
     }
 }
 

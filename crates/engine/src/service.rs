@@ -327,6 +327,19 @@ impl Engine {
         }
     }
 
+    /// Whether one image with this deadline could be answered in time, judged before its
+    /// body is read: a request refused here costs its client no upload and the server no
+    /// memory. Optimistic where the image is unknown (a device decoder may take it without a
+    /// host decode), so whatever passes here is judged again, exactly, once it is read. A
+    /// refusal counts as a failed request in the engine's statistics, as it would later.
+    pub fn check_admission(&self, deadline: Instant) -> Result<(), RequestError> {
+        let checked = self.check_admissible(deadline, !self.shared.device_jpeg);
+        if checked.is_err() {
+            self.shared.stats.finished(false, Duration::ZERO);
+        }
+        checked
+    }
+
     /// Refuses a request the engine cannot serve in time, before any work is spent on it.
     fn check_admissible(&self, deadline: Instant, decodes: bool) -> Result<(), RequestError> {
         if !self.is_ready() {
