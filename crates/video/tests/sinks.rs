@@ -72,6 +72,18 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
         url = "{}"
         fps = 5
 
+        # The instant detector's one box covers the frame and never moves: one object,
+        # inside the zone and soon stationary, so updates follow its start quickly.
+        [streams.analytics]
+        anchor = "center"
+        update_interval_s = 1.0
+        stationary_s = 1.0
+
+        [[streams.analytics.zones]]
+        name = "all"
+        units = "normalized"
+        points = [[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]]
+
         [[streams]]
         name = "cam2"
         url = "{}"
@@ -97,12 +109,15 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
 
     let mut detections: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     let mut statuses: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // cam1's object events, in the order received.
+    let mut objects: Vec<Value> = Vec::new();
     let mut online = false;
     tokio::time::timeout(Duration::from_secs(60), async {
         while !(online
             && ["cam1", "cam2"]
                 .iter()
-                .all(|s| detections.get(*s).is_some_and(|v| v.len() >= 5)))
+                .all(|s| detections.get(*s).is_some_and(|v| v.len() >= 5))
+            && objects.iter().any(|v| v["type"] == "object.update"))
         {
             let (topic, payload, _) = live.recv().await.expect("subscriber alive");
             let parts: Vec<&str> = topic.split('/').collect();
@@ -119,10 +134,13 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
                         .or_default()
                         .push(v["status"].as_str().unwrap_or("").to_string());
                 }
-                // Tracked objects' events and their snapshots (the video pytest checks them).
+                // Tracked objects' events and their snapshots.
                 ["pv-test", "events"] => {
                     let v: Value = serde_json::from_slice(&payload).expect("object event JSON");
                     assert!(v["type"].as_str().is_some_and(|t| t.contains('.')), "{v}");
+                    if v["stream"] == "cam1" {
+                        objects.push(v);
+                    }
                 }
                 ["pv-test", _, _, "snapshot"] => assert!(payload.starts_with(&[0xFF, 0xD8]), "a JPEG"),
                 other => panic!("unexpected topic {other:?}"),
@@ -130,11 +148,18 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("MQTT traffic incomplete: {:?} {:?}", detections.keys(), statuses));
+    .unwrap_or_else(|_| {
+        panic!(
+            "MQTT traffic incomplete: {:?} {:?} {} cam1 object events",
+            detections.keys(),
+            statuses,
+            objects.len()
+        )
+    });
 
     for (stream, events) in &detections {
         let e = &events[0];
-        assert_eq!(e["schema_version"], 2);
+        assert_eq!(e["schema_version"], 3);
         assert_eq!(e["stream"], stream.as_str());
         assert_eq!(
             (e["width"].as_u64(), e["height"].as_u64()),
@@ -169,10 +194,8 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
     assert_eq!(retained["pv-test/cam1/status"], "streaming");
 
     manager.remove("cam1").await.unwrap();
-    mqtt_wait_for(&mut live, "pv-test/cam1/status", |p| {
-        serde_json::from_slice::<Value>(p).is_ok_and(|v| v["status"] == "stopped" && v["reason"] == "removed")
-    })
-    .await;
+    collect_until_removed(&mut live, &mut objects).await;
+    check_one_object_lifecycle(&objects);
     manager.shutdown().await.unwrap();
     sinks.shut_down().await;
     mqtt_wait_for(&mut live, "pv-test/available", |p| p == b"offline").await;
@@ -226,6 +249,86 @@ async fn the_mqtt_sink_reconnects_after_the_broker_restarts_and_republishes_stat
     assert!(sink.stats().connection_errors.load(Ordering::Relaxed) >= 1);
     manager.shutdown().await.unwrap();
     sink.shut_down().await;
+}
+
+/// Reads on after cam1 was removed until its `stopped` status and its object's
+/// `object.end` have both arrived (in either order), keeping cam1's object events.
+async fn collect_until_removed(
+    rx: &mut tokio::sync::mpsc::Receiver<(String, Vec<u8>, bool)>,
+    objects: &mut Vec<Value>,
+) {
+    let mut stopped = false;
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while !(stopped && objects.iter().any(|v| v["type"] == "object.end")) {
+            let (topic, payload, _) = rx.recv().await.expect("subscriber alive");
+            if topic == "pv-test/cam1/status" {
+                let v: Value = serde_json::from_slice(&payload).expect("status JSON");
+                stopped |= v["status"] == "stopped" && v["reason"] == "removed";
+            } else if topic == "pv-test/events" {
+                let v: Value = serde_json::from_slice(&payload).expect("object event JSON");
+                if v["stream"] == "cam1" {
+                    objects.push(v);
+                }
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no stopped status and object.end for cam1: {objects:?}"));
+}
+
+/// cam1's one object as Frigate's `events` topic tells it: `object.start`, then
+/// `object.update`s, then `object.end`, in that order, each `before` the previous `after`;
+/// the updates tell the zone it entered and that it stopped.
+fn check_one_object_lifecycle(objects: &[Value]) {
+    let track = &objects
+        .iter()
+        .find(|v| v["type"] == "object.start")
+        .expect("an object.start")["track_id"];
+    let told: Vec<&Value> = objects
+        .iter()
+        .filter(|v| &v["track_id"] == track && v["type"].as_str().is_some_and(|t| t.starts_with("object.")))
+        .collect();
+    let types: Vec<&str> = told.iter().map(|v| v["type"].as_str().unwrap()).collect();
+    assert!(types.len() >= 3, "{types:?}");
+    assert_eq!(types[0], "object.start", "{types:?}");
+    assert_eq!(types[types.len() - 1], "object.end", "{types:?}");
+    assert!(
+        types[1..types.len() - 1].iter().all(|t| *t == "object.update"),
+        "{types:?}"
+    );
+    assert_eq!(
+        told[0]["before"], told[0]["after"],
+        "a start's before is its after"
+    );
+    for pair in told.windows(2) {
+        assert_eq!(
+            pair[1]["before"], pair[0]["after"],
+            "{} after {}",
+            pair[1], pair[0]
+        );
+        let (at, earlier) = (pair[1]["pts_seconds"].as_f64(), pair[0]["pts_seconds"].as_f64());
+        assert!(at >= earlier, "in order: {} after {}", pair[1], pair[0]);
+    }
+    // Updates at most once a second of stream time (update_interval_s), each with news.
+    for pair in told[..told.len() - 1].windows(2) {
+        let gap = pair[1]["pts_seconds"].as_f64().unwrap() - pair[0]["pts_seconds"].as_f64().unwrap();
+        assert!(gap >= 0.999, "updates {gap} s apart");
+        assert_ne!(pair[1]["before"], pair[1]["after"]);
+    }
+    let last = &told[told.len() - 1]["before"];
+    assert_eq!(last["entered_zones"], serde_json::json!(["all"]), "{last}");
+    assert_eq!(last["current_zones"], serde_json::json!(["all"]), "{last}");
+    assert_eq!(last["stationary"], true, "{last}");
+    assert_eq!(last["label"], "frame");
+    let end = told[told.len() - 1];
+    assert_eq!(
+        end["after"]["current_zones"],
+        serde_json::json!([]),
+        "left with the track: {end}"
+    );
+    assert!(objects
+        .iter()
+        .any(|v| v["type"] == "zone.enter" && v["zone"] == "all"));
 }
 
 async fn mqtt_wait_for(
