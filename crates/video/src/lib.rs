@@ -49,6 +49,7 @@ mod telemetry;
 pub use analytics::config::{
     AnalyticsConfig, ClassSelector, LineConfig, TrackerSettings, UnitsConfig, ZoneConfig,
 };
+pub use analytics::frame_analytics::FrameAnalytics;
 pub use analytics::report::{AnalyticsReport, LineReport, ZoneReport};
 pub use analytics::worker::LatestPicture;
 pub use config::{BackoffConfig, ConfigError, StreamConfig, VideoConfig};

@@ -10,9 +10,10 @@
 //! [`objects`] (what it knows of each live object) and [`updates`] (when an
 //! `object.update` is due, and when an object is stationary); [`config`] is its settings'
 //! shape; [`snapshot`] draws and encodes pictures; [`report`] is what the API and
-//! Prometheus read.
+//! Prometheus read; [`frame_analytics`] opens the per-frame logic to benches.
 
 pub(crate) mod config;
+pub(crate) mod frame_analytics;
 pub(crate) mod objects;
 pub(crate) mod report;
 pub(crate) mod snapshot;
