@@ -23,6 +23,13 @@ const BETTER_SNAPSHOT_SCORE: f32 = 0.05;
 /// ...and at most this often (stream time), so a long track costs a few encodes.
 const SNAPSHOT_REFRESH: Duration = Duration::from_secs(2);
 
+/// An `object.update` to send: the track, its change, a new best snapshot if it has one.
+struct DueUpdate {
+    id: u64,
+    change: ObjectChange,
+    snapshot: Option<Arc<Vec<u8>>>,
+}
+
 /// Makes a snapshot of the current frame with `overlay` drawn: the full frame (`None`) or
 /// around a box.
 pub(crate) trait SnapshotSource {
@@ -191,7 +198,8 @@ impl StreamAnalytics {
     }
 
     /// One frame: sets `event.track_ids` and returns the frame's object events, oldest
-    /// cause first (tracks that ended, tracks that started, then zones and lines).
+    /// cause first (tracks that ended, tracks that started, zones and lines, then the
+    /// updates due).
     pub fn observe(
         &mut self,
         event: &mut DetectionEvent,
@@ -309,7 +317,7 @@ impl StreamAnalytics {
         let Some(times) = self.last_frame.clone() else {
             return Vec::new();
         };
-        let due: Vec<(u64, ObjectChange, Option<Arc<Vec<u8>>>)> = self
+        let due: Vec<DueUpdate> = self
             .notes
             .iter_mut()
             .filter_map(|(&id, n)| {
@@ -318,11 +326,11 @@ impl StreamAnalytics {
                 let snapshot = (change.before.snapshot_score != change.after.snapshot_score)
                     .then(|| n.best_snapshot.as_ref().map(|(_, s)| s.clone()))
                     .flatten();
-                Some((id, change, snapshot))
+                Some(DueUpdate { id, change, snapshot })
             })
             .collect();
         due.into_iter()
-            .map(|(id, change, snapshot)| {
+            .map(|DueUpdate { id, change, snapshot }| {
                 let now = &change.after;
                 let mut update = self.object_event(
                     &times,
