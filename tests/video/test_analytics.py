@@ -275,7 +275,7 @@ def test_object_events_and_snapshots_go_to_mqtt(peers):
             break
         time.sleep(0.2)
     event = json.loads(next(l.split(" ", 1)[1] for l in peers.mqtt_lines if l.startswith("peregrine/events ")))
-    assert event["schema_version"] == 2 and event["type"].split(".")[0] in ("object", "zone", "line")
+    assert event["schema_version"] == 3 and event["type"].split(".")[0] in ("object", "zone", "line")
     assert any(l.startswith("peregrine/cam1/") and "/snapshot " in l for l in peers.mqtt_lines)
 
 

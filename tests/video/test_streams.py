@@ -44,7 +44,7 @@ def sse_events(url, want, timeout=90):
 def test_a_configured_camera_streams_detections_over_sse(peers):
     events = sse_events(f"{peers.base}/v1/streams/cam1/events", 3)
     for e in events:
-        assert e["stream"] == "cam1" and e["schema_version"] == 2
+        assert e["stream"] == "cam1" and e["schema_version"] == 3
         assert (e["width"], e["height"]) == (640, 272)
         assert e["clock_source"] in ("rtcp", "local")
         assert e["latency_ms"] >= 0 and e["capture_unix_ms"] > 0

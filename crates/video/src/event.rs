@@ -68,8 +68,47 @@ pub struct ObjectEvent {
     pub width: u32,
     pub height: u32,
     /// The frame of the event, boxed and labelled, as a JPEG (for `object.end`, the frame
-    /// where the object scored best). Only made when the stream keeps snapshots.
+    /// where the object scored best; for `object.update`, a new best snapshot, if it has
+    /// one since the last event). Only made when the stream keeps snapshots.
     pub snapshot: Option<Arc<Vec<u8>>>,
+    /// The object before and after the event, for `object.start` (the two are equal),
+    /// `object.update` and `object.end`; each `before` is the previous event's `after`.
+    pub change: Option<Box<ObjectChange>>,
+}
+
+/// What consumers were last told about an object, and what it is like now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectChange {
+    pub before: ObjectState,
+    pub after: ObjectState,
+}
+
+/// A tracked object as consumers see it at one moment (Frigate's event `before`/`after`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectState {
+    /// The class of its best-scoring detection (it can change when tracking is not
+    /// class-aware), and its name.
+    pub class_id: u32,
+    pub label: String,
+    /// Its latest detection's score and box (frame pixels).
+    pub score: f32,
+    pub bbox: BBox,
+    /// Its best score so far.
+    pub top_score: f32,
+    /// The zones it is in now, in the order it entered them.
+    pub current_zones: Vec<String>,
+    /// Every zone it has entered so far, in the order of first entry.
+    pub entered_zones: Vec<String>,
+    /// The zones it is in for longer than their `loiter_s` (it loiters while this is not
+    /// empty).
+    pub loitering_zones: Vec<String>,
+    /// Its box has stayed where it stopped for the stream's `stationary_s`.
+    pub stationary: bool,
+    /// The score of its best snapshot (none: no snapshot taken).
+    pub snapshot_score: Option<f32>,
+    /// Capture times of its first and latest detections.
+    pub first_seen: SystemTime,
+    pub last_seen: SystemTime,
 }
 
 /// Which kind of [`ObjectEvent`].
@@ -77,6 +116,10 @@ pub struct ObjectEvent {
 pub enum ObjectEventKind {
     /// A new track was confirmed.
     Start,
+    /// Something consumers act on changed since the last event about the object (a better
+    /// score or snapshot, its zones, loitering, stationary, its label); at most one per
+    /// object per `update_interval_s`. Published, not stored.
+    Update,
     /// A track ended (lost for longer than the tracker's budget, or the stream stopped).
     End {
         first_seen: SystemTime,
@@ -121,6 +164,7 @@ impl ObjectEventKind {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Start => "object.start",
+            Self::Update => "object.update",
             Self::End { .. } => "object.end",
             Self::ZoneEnter { .. } => "zone.enter",
             Self::ZoneExit { .. } => "zone.exit",
@@ -132,13 +176,21 @@ impl ObjectEventKind {
     /// The zone or line the event is about.
     pub fn place(&self) -> Option<&str> {
         match self {
-            Self::Start | Self::End { .. } => None,
+            Self::Start | Self::Update | Self::End { .. } => None,
             Self::ZoneEnter { zone } | Self::ZoneExit { zone } | Self::ZoneLoiter { zone, .. } => Some(zone),
             Self::LineCross { line, .. } => Some(line),
         }
     }
 
-    /// Every type name, for validating queries.
+    /// Whether the event store keeps events of this kind: all but `object.update`, a
+    /// progress report that the next update or the object's end supersedes (the end carries
+    /// the final state and the best snapshot).
+    pub fn stored(&self) -> bool {
+        !matches!(self, Self::Update)
+    }
+
+    /// Every type the event store keeps, for validating queries (`object.update` is
+    /// published, not stored).
     pub const NAMES: [&'static str; 6] = [
         "object.start",
         "object.end",

@@ -16,8 +16,7 @@
 //! through bounded broadcasts and to the [`sinks`] (MQTT, webhooks), each with its own
 //! bounded drop-oldest queue, so nothing downstream can stall detection. [`config`] is the
 //! TOML shape of it all and [`telemetry`] names every metric. When servers share one
-//! stream list, [`shard`] says which of them runs each stream. Wall-clock readings come
-//! TOML shape of it all and [`telemetry`] names every metric. The [`policy`] says which
+//! stream list, [`shard`] says which of them runs each stream. The [`policy`] says which
 //! URLs a stream may have (schemes, file roots, hosts judged after DNS resolution); the
 //! manager applies it when a stream is added and the RTSP source before every connection. Wall-clock readings come
 //! from the [`WallClock`] in [`ManagerOptions`], so tests can set the time of day.
@@ -50,6 +49,7 @@ mod telemetry;
 pub use analytics::config::{
     AnalyticsConfig, ClassSelector, LineConfig, TrackerSettings, UnitsConfig, ZoneConfig,
 };
+pub use analytics::frame_analytics::FrameAnalytics;
 pub use analytics::report::{AnalyticsReport, LineReport, ZoneReport};
 pub use analytics::worker::LatestPicture;
 pub use config::{BackoffConfig, ConfigError, StreamConfig, VideoConfig};
@@ -57,7 +57,8 @@ pub use decode::worker::live_decode_threads;
 pub use decode::{Codec, DecodeError, DecodedPicture, DecoderConfig, VideoDecoder};
 pub use detect::{DetectError, FrameDetector};
 pub use event::{
-    CrossDirection, DetectionEvent, ObjectEvent, ObjectEventKind, SinkMessage, StatusChange, StreamStatus,
+    CrossDirection, DetectionEvent, ObjectChange, ObjectEvent, ObjectEventKind, ObjectState, SinkMessage,
+    StatusChange, StreamStatus,
 };
 pub use fanout::{EventSubscription, ObjectSubscription, SinkQueue, Subscription};
 pub use frame::{CaptureTime, ClockSource, Frame, FrameMeta, Pts};

@@ -12,52 +12,11 @@ use peregrine_video::ConfiguredSinks;
 use peregrine_video::{MqttConfig, MqttSink};
 use peregrine_video::{StreamConfig, StreamManager, VideoConfig};
 use peregrine_video::{WebhookConfig, WebhookSink};
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::Value;
+use support::mqtt::{check_one_object_lifecycle, collect_until_removed, mqtt_wait_for, subscriber};
 use support::tls::TestCa;
 use support::{eventually, h265_clip, instant_detector, local_options, shared_clip, Mosquitto, RtspServer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-
-/// An MQTT subscriber: every publish it receives as (topic, payload, retained).
-async fn subscriber(
-    port: u16,
-    id: &str,
-    filter: &str,
-) -> tokio::sync::mpsc::Receiver<(String, Vec<u8>, bool)> {
-    let mut options = MqttOptions::new(id, "127.0.0.1", port);
-    options.set_keep_alive(Duration::from_secs(10));
-    // Retained snapshots are far over rumqttc's default 10 KiB.
-    options.set_max_packet_size(16 << 20, 10 * 1024);
-    let (client, mut event_loop) = AsyncClient::new(options, 16);
-    client.subscribe(filter, QoS::AtLeastOnce).await.unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4096);
-    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
-    let mut subscribed_tx = Some(subscribed_tx);
-    tokio::spawn(async move {
-        let _client = client;
-        while let Ok(event) = event_loop.poll().await {
-            match event {
-                Event::Incoming(Packet::SubAck(_)) => {
-                    if let Some(s) = subscribed_tx.take() {
-                        let _ = s.send(());
-                    }
-                }
-                Event::Incoming(Packet::Publish(p)) => {
-                    let message = (p.topic.clone(), p.payload.to_vec(), p.retain);
-                    if tx.send(message).await.is_err() {
-                        return;
-                    }
-                }
-                _ => {}
-            }
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(10), subscribed)
-        .await
-        .expect("SUBACK in time")
-        .unwrap();
-    rx
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
@@ -71,6 +30,18 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
         name = "cam1"
         url = "{}"
         fps = 5
+
+        # The instant detector's one box covers the frame and never moves: one object,
+        # inside the zone and soon stationary, so updates follow its start quickly.
+        [streams.analytics]
+        anchor = "center"
+        update_interval_s = 1.0
+        stationary_s = 1.0
+
+        [[streams.analytics.zones]]
+        name = "all"
+        units = "normalized"
+        points = [[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]]
 
         [[streams]]
         name = "cam2"
@@ -97,12 +68,15 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
 
     let mut detections: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     let mut statuses: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // cam1's object events, in the order received.
+    let mut objects: Vec<Value> = Vec::new();
     let mut online = false;
     tokio::time::timeout(Duration::from_secs(60), async {
         while !(online
             && ["cam1", "cam2"]
                 .iter()
-                .all(|s| detections.get(*s).is_some_and(|v| v.len() >= 5)))
+                .all(|s| detections.get(*s).is_some_and(|v| v.len() >= 5))
+            && objects.iter().any(|v| v["type"] == "object.update"))
         {
             let (topic, payload, _) = live.recv().await.expect("subscriber alive");
             let parts: Vec<&str> = topic.split('/').collect();
@@ -119,10 +93,13 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
                         .or_default()
                         .push(v["status"].as_str().unwrap_or("").to_string());
                 }
-                // Tracked objects' events and their snapshots (the video pytest checks them).
+                // Tracked objects' events and their snapshots.
                 ["pv-test", "events"] => {
                     let v: Value = serde_json::from_slice(&payload).expect("object event JSON");
                     assert!(v["type"].as_str().is_some_and(|t| t.contains('.')), "{v}");
+                    if v["stream"] == "cam1" {
+                        objects.push(v);
+                    }
                 }
                 ["pv-test", _, _, "snapshot"] => assert!(payload.starts_with(&[0xFF, 0xD8]), "a JPEG"),
                 other => panic!("unexpected topic {other:?}"),
@@ -130,11 +107,18 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("MQTT traffic incomplete: {:?} {:?}", detections.keys(), statuses));
+    .unwrap_or_else(|_| {
+        panic!(
+            "MQTT traffic incomplete: {:?} {:?} {} cam1 object events",
+            detections.keys(),
+            statuses,
+            objects.len()
+        )
+    });
 
     for (stream, events) in &detections {
         let e = &events[0];
-        assert_eq!(e["schema_version"], 2);
+        assert_eq!(e["schema_version"], 3);
         assert_eq!(e["stream"], stream.as_str());
         assert_eq!(
             (e["width"].as_u64(), e["height"].as_u64()),
@@ -169,10 +153,8 @@ async fn detections_and_status_reach_an_mqtt_subscriber_through_mosquitto() {
     assert_eq!(retained["pv-test/cam1/status"], "streaming");
 
     manager.remove("cam1").await.unwrap();
-    mqtt_wait_for(&mut live, "pv-test/cam1/status", |p| {
-        serde_json::from_slice::<Value>(p).is_ok_and(|v| v["status"] == "stopped" && v["reason"] == "removed")
-    })
-    .await;
+    collect_until_removed(&mut live, &mut objects).await;
+    check_one_object_lifecycle(&objects);
     manager.shutdown().await.unwrap();
     sinks.shut_down().await;
     mqtt_wait_for(&mut live, "pv-test/available", |p| p == b"offline").await;
@@ -226,23 +208,6 @@ async fn the_mqtt_sink_reconnects_after_the_broker_restarts_and_republishes_stat
     assert!(sink.stats().connection_errors.load(Ordering::Relaxed) >= 1);
     manager.shutdown().await.unwrap();
     sink.shut_down().await;
-}
-
-async fn mqtt_wait_for(
-    rx: &mut tokio::sync::mpsc::Receiver<(String, Vec<u8>, bool)>,
-    topic: &str,
-    check: impl Fn(&[u8]) -> bool,
-) {
-    tokio::time::timeout(Duration::from_secs(15), async {
-        loop {
-            let (t, p, _) = rx.recv().await.expect("subscriber alive");
-            if t == topic && check(&p) {
-                return;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no matching message on {topic}"));
 }
 
 /// What the fake webhook endpoint does with each request.

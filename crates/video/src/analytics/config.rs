@@ -9,6 +9,11 @@ use peregrine_types::ClassNames;
 use peregrine_zones::{Anchor, Hysteresis, LineSpec, Point, Units, ZoneSpec};
 use serde::Deserialize;
 
+use super::updates::UpdatePolicy;
+
+/// The longest interval a setting in seconds may have (a day): longer is surely a typo.
+const MAX_SECONDS: f64 = 86_400.0;
+
 /// Tracking, zones and lines of one stream.
 ///
 /// ```toml
@@ -53,7 +58,21 @@ pub struct AnalyticsConfig {
     pub snapshots: bool,
     /// Crop snapshots to the object's box (with a margin) instead of the whole frame.
     pub snapshot_crop: bool,
+    /// Send `object.update` events between an object's start and end when something a
+    /// consumer acts on changes (a better score or snapshot, its zones, loitering,
+    /// stationary, its label).
+    pub updates: bool,
+    /// At most one `object.update` per object this often, in seconds of stream time;
+    /// changes in between go out together with the next one.
+    pub update_interval_s: f64,
+    /// Seconds an object's box must stay where it stopped before it counts as stationary.
+    pub stationary_s: f64,
 }
+
+/// The defaults of the `object.update` settings, in one place.
+pub(crate) const DEFAULT_UPDATE_INTERVAL_S: f64 = 5.0;
+/// Frigate's default too: 50 frames at its 5 fps.
+pub(crate) const DEFAULT_STATIONARY_S: f64 = 10.0;
 
 impl Default for AnalyticsConfig {
     fn default() -> Self {
@@ -68,6 +87,9 @@ impl Default for AnalyticsConfig {
             lines: Vec::new(),
             snapshots: true,
             snapshot_crop: false,
+            updates: true,
+            update_interval_s: DEFAULT_UPDATE_INTERVAL_S,
+            stationary_s: DEFAULT_STATIONARY_S,
         }
     }
 }
@@ -207,6 +229,17 @@ impl AnalyticsConfig {
         if !(self.hysteresis_px.is_finite() && self.hysteresis_px >= 0.0) {
             return Err("analytics.hysteresis_px must be a number of pixels, 0 or more".into());
         }
+        let seconds = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 && v <= MAX_SECONDS {
+                Ok(())
+            } else {
+                Err(format!(
+                    "analytics.{name} must be a positive number of seconds, at most {MAX_SECONDS} (it is {v})"
+                ))
+            }
+        };
+        seconds("update_interval_s", self.update_interval_s)?;
+        seconds("stationary_s", self.stationary_s)?;
         for z in &self.zones {
             if let Some(s) = z.loiter_s {
                 if !(s.is_finite() && s > 0.0) {
@@ -218,6 +251,15 @@ impl AnalyticsConfig {
             }
         }
         Ok(())
+    }
+
+    /// When `object.update`s go out (valid settings: see `validate`).
+    pub(crate) fn update_policy(&self) -> UpdatePolicy {
+        let seconds = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX);
+        UpdatePolicy {
+            interval: self.updates.then(|| seconds(self.update_interval_s)),
+            stationary_after: seconds(self.stationary_s),
+        }
     }
 
     fn anchor(&self) -> Result<Anchor, String> {
@@ -339,4 +381,39 @@ fn class_list(names: &ClassNames) -> String {
         list.push("...");
     }
     list.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_settings_are_checked_and_name_the_setting() {
+        for (interval, stationary, wrong) in [
+            (0.0, 10.0, "update_interval_s"),
+            (-1.0, 10.0, "update_interval_s"),
+            (f64::NAN, 10.0, "update_interval_s"),
+            (5.0, 0.0, "stationary_s"),
+            (5.0, 1e9, "stationary_s"),
+        ] {
+            let config = AnalyticsConfig {
+                update_interval_s: interval,
+                stationary_s: stationary,
+                ..AnalyticsConfig::default()
+            };
+            let err = config.validate().unwrap_err();
+            assert!(
+                err.contains(wrong) && err.contains("positive number of seconds"),
+                "{err}"
+            );
+        }
+        let policy = AnalyticsConfig::default().update_policy();
+        assert_eq!(policy.interval, Some(Duration::from_secs(5)));
+        assert_eq!(policy.stationary_after, Duration::from_secs(10));
+        let off = AnalyticsConfig {
+            updates: false,
+            ..AnalyticsConfig::default()
+        };
+        assert_eq!(off.update_policy().interval, None);
+    }
 }

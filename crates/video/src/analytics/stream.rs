@@ -3,17 +3,19 @@
 //! waits, reads a clock (times are the stream's PTS and the frame's capture time) or
 //! touches a channel, so the tests drive it frame by frame.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use peregrine_track::{EndedTrack, Tracker};
-use peregrine_types::{BBox, ClassNames};
+use peregrine_track::{EndedTrack, TrackId, Tracker};
+use peregrine_types::{BBox, ClassNames, Detection};
 use peregrine_zones::{Analytics, TrackedBox, ZoneEvent, ZoneEventKind};
 
 use super::config::{AnalyticsConfig, LineConfig, ResolvedAnalytics, ZoneConfig};
+use super::objects::ObjectNotes;
 use super::snapshot::Overlay;
-use crate::event::{CrossDirection, DetectionEvent, ObjectEvent, ObjectEventKind};
+use super::updates::UpdatePolicy;
+use crate::event::{CrossDirection, DetectionEvent, ObjectChange, ObjectEvent, ObjectEventKind, ObjectState};
 use crate::frame::Pts;
 
 /// A track's best snapshot is replaced when a frame scores this much higher...
@@ -21,16 +23,17 @@ const BETTER_SNAPSHOT_SCORE: f32 = 0.05;
 /// ...and at most this often (stream time), so a long track costs a few encodes.
 const SNAPSHOT_REFRESH: Duration = Duration::from_secs(2);
 
+/// An `object.update` to send: the track, its change, a new best snapshot if it has one.
+struct DueUpdate {
+    id: u64,
+    change: ObjectChange,
+    snapshot: Option<Arc<Vec<u8>>>,
+}
+
 /// Makes a snapshot of the current frame with `overlay` drawn: the full frame (`None`) or
 /// around a box.
 pub(crate) trait SnapshotSource {
     fn snapshot(&mut self, overlay: &Overlay<'_>, focus: Option<BBox>) -> Option<Arc<Vec<u8>>>;
-}
-
-/// What the stream knows about one live track besides the tracker's state.
-struct TrackNotes {
-    best_snapshot: Option<(f32, Arc<Vec<u8>>)>,
-    last_snapshot_at: Duration,
 }
 
 pub(crate) struct StreamAnalytics {
@@ -49,7 +52,10 @@ pub(crate) struct StreamAnalytics {
     zones: Option<Analytics>,
     /// The size of the stream's frames, once one has been seen.
     frame_size: Option<(u32, u32)>,
-    notes: HashMap<u64, TrackNotes>,
+    /// Every live confirmed track, by id (so updates go out in a fixed order).
+    notes: BTreeMap<u64, ObjectNotes>,
+    /// When `object.update`s go out.
+    updates: UpdatePolicy,
     /// PTS of the last frame: a stream whose clock jumps back (a reconnect) starts over.
     last_at: Option<Duration>,
     /// The last frame's times, to stamp events of tracks that end with the stream.
@@ -75,13 +81,14 @@ impl StreamAnalytics {
     pub fn new(config: AnalyticsConfig, names: ClassNames) -> Self {
         let mut s = Self {
             tracker: Tracker::new((&config.tracker).into()),
+            updates: config.update_policy(),
             config,
             settings: None,
             names: ClassNames::default(),
             error: None,
             zones: None,
             frame_size: None,
-            notes: HashMap::new(),
+            notes: BTreeMap::new(),
             last_at: None,
             last_frame: None,
         };
@@ -129,7 +136,7 @@ impl StreamAnalytics {
             Err(e) => {
                 tracing::warn!(error = %e, "the stream's analytics do not fit the model; they are off");
                 self.settings = None;
-                self.zones = None;
+                self.replace_zones(None);
                 self.error = Some(e);
             }
         }
@@ -163,12 +170,12 @@ impl StreamAnalytics {
         self.config = config;
         self.settings = Some(settings);
         self.error = None;
-        self.zones = zones;
+        self.replace_zones(zones);
         Ok(())
     }
 
     fn rebuild_zones(&mut self, size: (u32, u32)) {
-        self.zones = None;
+        self.replace_zones(None);
         let Some(settings) = &self.settings else { return };
         if !settings.has_places() {
             return;
@@ -182,8 +189,17 @@ impl StreamAnalytics {
         }
     }
 
+    /// New zones start empty: every object is in none of them.
+    fn replace_zones(&mut self, zones: Option<Analytics>) {
+        self.zones = zones;
+        for n in self.notes.values_mut() {
+            n.zones_replaced();
+        }
+    }
+
     /// One frame: sets `event.track_ids` and returns the frame's object events, oldest
-    /// cause first (tracks that ended, tracks that started, then zones and lines).
+    /// cause first (tracks that ended, tracks that started, zones and lines, then the
+    /// updates due).
     pub fn observe(
         &mut self,
         event: &mut DetectionEvent,
@@ -229,40 +245,106 @@ impl StreamAnalytics {
             out.extend(self.ended(ended));
         }
         for &(id, k) in &update.started {
-            out.push(self.started(id.0, &input[k], event, at, snapshots));
+            out.push(self.started(id, &input[k], event, at, snapshots));
         }
+        self.note_sightings(event, at);
         self.refresh_best_snapshots(event, at, snapshots);
         out.extend(self.zone_events(event, at, snapshots));
+        out.extend(self.object_updates(at));
         out
     }
 
     /// A track was confirmed: its notes, its first snapshot, its `object.start`.
     fn started(
         &mut self,
-        id: u64,
-        det: &peregrine_types::Detection,
+        id: TrackId,
+        det: &Detection,
         event: &DetectionEvent,
         at: Duration,
         snapshots: &mut dyn SnapshotSource,
     ) -> ObjectEvent {
         let snapshot = self.take_snapshot(snapshots, event, det.bbox);
-        self.notes.insert(
-            id,
-            TrackNotes {
-                best_snapshot: snapshot.clone().map(|s| (det.score, s)),
-                last_snapshot_at: at,
-            },
-        );
+        // First seen while still tentative, a few frames back.
+        let first_seen = self.tracker.track(id).map_or(at, |t| t.first_seen);
+        let state = ObjectState {
+            class_id: det.class_id,
+            label: self.names.name(det.class_id).into_owned(),
+            score: det.score,
+            bbox: det.bbox,
+            top_score: det.score,
+            current_zones: Vec::new(),
+            entered_zones: Vec::new(),
+            loitering_zones: Vec::new(),
+            stationary: false,
+            snapshot_score: None,
+            first_seen: (event.capture.wall)
+                .checked_sub(at.saturating_sub(first_seen))
+                .unwrap_or(event.capture.wall),
+            last_seen: event.capture.wall,
+        };
+        let notes = ObjectNotes::new(state, snapshot.clone(), at);
+        let change = notes.start_change();
+        self.notes.insert(id.0, notes);
         let times = self.last_frame.clone().expect("observe sets it first");
-        self.object_event(
+        let mut start = self.object_event(
             &times,
             ObjectEventKind::Start,
-            id,
+            id.0,
             det.class_id,
             det.score,
             det.bbox,
             snapshot,
-        )
+        );
+        start.change = Some(Box::new(change));
+        start
+    }
+
+    /// Each tracked detection of the frame into its object's state.
+    fn note_sightings(&mut self, event: &DetectionEvent, at: Duration) {
+        let stationary_after = self.updates.stationary_after;
+        for (d, id) in event.detections.iter().zip(&event.track_ids) {
+            if let Some(n) = id.and_then(|id| self.notes.get_mut(&id)) {
+                n.seen(d, &self.names, (event.capture.wall, at), stationary_after);
+            }
+        }
+    }
+
+    /// The `object.update`s due at `at`, by track id.
+    fn object_updates(&mut self, at: Duration) -> Vec<ObjectEvent> {
+        let Some(interval) = self.updates.interval else {
+            return Vec::new();
+        };
+        let Some(times) = self.last_frame.clone() else {
+            return Vec::new();
+        };
+        let due: Vec<DueUpdate> = self
+            .notes
+            .iter_mut()
+            .filter_map(|(&id, n)| {
+                let change = n.update(at, interval)?;
+                // A new best snapshot goes with the update that first tells of it.
+                let snapshot = (change.before.snapshot_score != change.after.snapshot_score)
+                    .then(|| n.best_snapshot.as_ref().map(|(_, s)| s.clone()))
+                    .flatten();
+                Some(DueUpdate { id, change, snapshot })
+            })
+            .collect();
+        due.into_iter()
+            .map(|DueUpdate { id, change, snapshot }| {
+                let now = &change.after;
+                let mut update = self.object_event(
+                    &times,
+                    ObjectEventKind::Update,
+                    id,
+                    now.class_id,
+                    now.score,
+                    now.bbox,
+                    snapshot,
+                );
+                update.change = Some(Box::new(change));
+                update
+            })
+            .collect()
     }
 
     /// The frame's tracked boxes through the zones and lines.
@@ -290,6 +372,11 @@ impl StreamAnalytics {
             })
             .collect();
         let happened = zones.observe(&boxes, at);
+        for z in &happened {
+            if let Some(n) = self.notes.get_mut(&z.track) {
+                n.zone_event(&z.kind, &z.name);
+            }
+        }
         let times = self.last_frame.clone().expect("observe sets it first");
         happened
             .into_iter()
@@ -316,11 +403,16 @@ impl StreamAnalytics {
         let Some(times) = self.last_frame.clone() else {
             return Vec::new();
         };
-        let notes = self.notes.remove(&track.id.0);
+        let mut notes = self.notes.remove(&track.id.0);
         let exits = match &mut self.zones {
             Some(zones) => zones.forget(track.id.0, track.last_seen),
             None => Vec::new(),
         };
+        if let Some(n) = &mut notes {
+            for z in &exits {
+                n.zone_event(&z.kind, &z.name);
+            }
+        }
         let mut out: Vec<ObjectEvent> = exits
             .into_iter()
             .map(|z| self.zone_event(&times, z, track.best_score, None))
@@ -334,8 +426,9 @@ impl StreamAnalytics {
             last_seen: wall(track.last_seen),
             best_score: track.best_score,
         };
+        let change = notes.as_ref().map(|n| Box::new(n.end_change()));
         let snapshot = notes.and_then(|n| n.best_snapshot).map(|(_, s)| s);
-        out.push(self.object_event(
+        let mut end = self.object_event(
             &times,
             kind,
             track.id.0,
@@ -343,7 +436,9 @@ impl StreamAnalytics {
             track.best_score,
             track.best_box,
             snapshot,
-        ));
+        );
+        end.change = change;
+        out.push(end);
         out
     }
 
@@ -384,8 +479,7 @@ impl StreamAnalytics {
             }
             let snapshot = self.take_snapshot(snapshots, event, d.bbox);
             if let (Some(s), Some(n)) = (snapshot, self.notes.get_mut(id)) {
-                n.best_snapshot = Some((d.score, s));
-                n.last_snapshot_at = at;
+                n.better_snapshot(d.score, s, at);
             }
         }
     }
@@ -415,6 +509,7 @@ impl StreamAnalytics {
             width: times.width,
             height: times.height,
             snapshot,
+            change: None,
         }
     }
 

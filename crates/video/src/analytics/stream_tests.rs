@@ -268,3 +268,130 @@ fn places_are_checked_against_the_frame_and_the_model() {
     a.set_places(Some(gate_and_yard().zones), None).unwrap();
     assert_eq!(super::report::report(&a).zones.len(), 1);
 }
+
+/// The left half of the frame as a zone, every frame deciding (no hysteresis).
+fn left_half(updates: bool, stationary_s: f64) -> AnalyticsConfig {
+    AnalyticsConfig {
+        hysteresis_frames: 1,
+        hysteresis_px: 0.0,
+        zones: vec![ZoneConfig {
+            name: "yard".into(),
+            points: vec![[0.0, 0.0], [0.5, 0.0], [0.5, 1.0], [0.0, 1.0]],
+            units: UnitsConfig::Normalized,
+            classes: vec![],
+            loiter_s: None,
+        }],
+        updates,
+        update_interval_s: 1.0,
+        stationary_s,
+        ..AnalyticsConfig::default()
+    }
+}
+
+/// Walks left into the yard (frames 0..20), stands there until frame 100, then is gone.
+fn walk_in_and_stop() -> impl Iterator<Item = DetectionEvent> {
+    let seen = (0..100).map(|n| {
+        let x = 400.0 - 10.0 * n.min(20) as f32;
+        frame(n, vec![person_at(x, 200.0, 0.9)])
+    });
+    seen.chain((100..140).map(|n| frame(n, vec![])))
+}
+
+fn changes(events: &[ObjectEvent]) -> Vec<&crate::event::ObjectChange> {
+    events.iter().filter_map(|e| e.change.as_deref()).collect()
+}
+
+#[test]
+fn updates_tell_zones_and_stopping_each_before_the_last_after() {
+    let mut a = StreamAnalytics::new(left_half(true, 2.0), names());
+    let (_, events) = run(&mut a, walk_in_and_stop());
+    assert_eq!(
+        kinds(&events),
+        [
+            "object.start",
+            "zone.enter",
+            "object.update",
+            "object.update",
+            "zone.exit",
+            "object.end"
+        ]
+    );
+    let told = changes(&events);
+    assert_eq!(told.len(), 4, "start, two updates, end carry a change");
+    assert_eq!(told[0].before, told[0].after, "a start's before is its after");
+    for pair in told.windows(2) {
+        assert_eq!(pair[1].before, pair[0].after, "each before is the last after");
+    }
+    // Entered at frame 11 but the start (frame 1) was told less than 1 s before: the
+    // update waits until frame 26.
+    let (start, first, second) = (&events[0], &events[2], &events[3]);
+    assert!((first.pts.seconds - start.pts.seconds - 1.0).abs() < 1e-9);
+    assert_eq!(told[1].after.current_zones, ["yard"]);
+    assert_eq!(told[1].after.entered_zones, ["yard"]);
+    assert!(!told[1].after.stationary);
+    // Still since frame 19 (0.76 s; its box there overlaps where it stops by IoU 0.6):
+    // stationary 2 s later, and nothing else changed.
+    assert!(told[2].after.stationary);
+    assert!((second.pts.seconds - 2.76).abs() < 1e-9, "{}", second.pts.seconds);
+    assert_eq!(told[2].after.current_zones, ["yard"]);
+    // The end: out of the zone with the track, the zones it entered kept.
+    assert!(told[3].after.current_zones.is_empty());
+    assert_eq!(told[3].after.entered_zones, ["yard"]);
+    assert_eq!(first.bbox, told[1].after.bbox, "an update's box is its after's");
+    assert!(
+        first.snapshot.is_none() && second.snapshot.is_none(),
+        "no better snapshot"
+    );
+    assert!(events.iter().all(|e| e.track_id == start.track_id));
+}
+
+#[test]
+fn an_update_brings_a_better_snapshot_once() {
+    // Stands still (stationary never counts: an hour), scoring 0.8, then 0.95 at frame 60.
+    let mut a = StreamAnalytics::new(left_half(true, 3600.0), names());
+    let frames = (0..100).map(|n| {
+        let score = if n == 60 { 0.95 } else { 0.8 };
+        frame(n, vec![person_at(100.0, 200.0, score)])
+    });
+    let (_, events) = run(&mut a, frames.chain((100..140).map(|n| frame(n, vec![]))));
+    assert_eq!(
+        kinds(&events),
+        [
+            "object.start",
+            "zone.enter",
+            "object.update",
+            "object.update",
+            "zone.exit",
+            "object.end"
+        ]
+    );
+    let told = changes(&events);
+    // First the zone (1 s after the start), then the better score and its snapshot.
+    assert_eq!(told[1].after.current_zones, ["yard"]);
+    assert_eq!(events[3].pts.seconds, 2.4);
+    assert_eq!(
+        (told[2].after.top_score, told[2].after.snapshot_score),
+        (0.95, Some(0.95))
+    );
+    assert_eq!(told[2].before.snapshot_score, Some(0.8));
+    let better = events[3].snapshot.as_ref().expect("the new best snapshot");
+    assert_eq!(
+        events[5].snapshot.as_ref(),
+        Some(better),
+        "the end keeps the best"
+    );
+    assert!(events[2].snapshot.is_none());
+}
+
+#[test]
+fn without_updates_the_end_tells_everything_since_the_start() {
+    let mut a = StreamAnalytics::new(left_half(false, 2.0), names());
+    let (_, events) = run(&mut a, walk_in_and_stop());
+    assert_eq!(
+        kinds(&events),
+        ["object.start", "zone.enter", "zone.exit", "object.end"]
+    );
+    let told = changes(&events);
+    assert_eq!(told[1].before, told[0].after);
+    assert!(told[1].after.stationary && told[1].after.entered_zones == ["yard"]);
+}

@@ -5,15 +5,16 @@
 //! | `<prefix>/available` | `online` / `offline` (also the last will) | 1 | yes |
 //! | `<prefix>/<stream>/status` | status JSON ([`super::wire`]) | 1 | yes |
 //! | `<prefix>/<stream>/detections` | event JSON ([`super::wire`]), one per frame | 0 | no |
-//! | `<prefix>/events` | object event JSON (`object.start`, `zone.enter`, ...) | 1 | no |
-//! | `<prefix>/<stream>/<label>/snapshot` | the latest event snapshot of that label (JPEG) | 0 | yes |
+//! | `<prefix>/events` | object event JSON (`object.start` / `object.update` / `object.end` with `before` and `after`, `zone.enter`, ...) | 1 | no |
+//! | `<prefix>/<stream>/<label>/snapshot` | the latest event snapshot of that label (JPEG; an update's new best too) | 0 | yes |
 //!
 //! Why: availability and status are rare and a newcomer needs the current value, so they
 //! are retained and acknowledged; detections are a live, high-rate feed where a result
 //! re-delivered late is worse than one lost, so they are fire-and-forget and not retained
 //! (a retained detection would show a stale box to every new subscriber). Object events are
-//! rare and each one matters, so they are acknowledged; the snapshot of each label is
-//! retained so a dashboard shows the last one seen.
+//! rare and each one matters, so they are acknowledged (updates are rate-limited per object
+//! by the stream's `update_interval_s`); the snapshot of each label is retained so a
+//! dashboard shows the last one seen.
 //!
 //! Queues: the sink's [`SinkQueue`] (drop oldest, `queue` entries), then rumqttc's request
 //! channel (`REQUEST_CHANNEL` entries; the publisher waits on it, so while the broker is

@@ -1,6 +1,11 @@
 //! The event store as a sink: object events go into SQLite (`peregrine-eventstore`) with
 //! their wire JSON, and their snapshots into files beside it. Detection events and status
-//! changes are not stored.
+//! changes are not stored, and neither are `object.update`s: each is a progress report
+//! that the next one supersedes, and the object's `object.end` carries its final state
+//! (`after`: zones entered, top score, stationary) and its best snapshot. Storing them
+//! would add a row every few seconds per object that retention by count then weighs
+//! against real events; rewriting the `object.start` row instead would change a stored
+//! event after the fact, where the store keeps each event as it was published.
 //!
 //! The store's own queue never waits (a full queue drops the write and counts it); this
 //! sink's [`SinkQueue`] in front of it drops the oldest message when full, as every sink's
@@ -51,6 +56,9 @@ async fn run(queue: SinkQueue, store: EventStore, snapshots: PathBuf) {
         let SinkMessage::Object(event) = message else {
             continue;
         };
+        if !event.kind.stored() {
+            continue;
+        }
         let snapshot = match &event.snapshot {
             Some(jpeg) => write_snapshot(&snapshots, &event, jpeg.clone()).await,
             None => None,

@@ -1,10 +1,11 @@
 //! The JSON that MQTT and webhooks carry; the only place events become bytes.
 //!
-//! A detection event (`schema_version` 2; fields are only ever added; 2 added `track_id`):
+//! A detection event (`schema_version` 3; fields are only ever added; 2 added `track_id`,
+//! 3 the `object.update` event and the `before` and `after` of object events):
 //!
 //! ```json
 //! {
-//!   "schema_version": 2,
+//!   "schema_version": 3,
 //!   "stream": "cam1",
 //!   "seq": 1234,
 //!   "pts_seconds": 49.36,
@@ -30,12 +31,12 @@
 //! `track_id` is present on detections that belong to a confirmed track (streams that
 //! track objects) and is stable while the object is tracked.
 //!
-//! An object event (`type` one of `object.start`, `object.end`, `zone.enter`, `zone.exit`,
-//! `zone.loiter`, `line.cross`):
+//! An object event (`type` one of `object.start`, `object.update`, `object.end`,
+//! `zone.enter`, `zone.exit`, `zone.loiter`, `line.cross`):
 //!
 //! ```json
 //! {
-//!   "schema_version": 2, "id": "019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50", "type": "line.cross",
+//!   "schema_version": 3, "id": "019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50", "type": "line.cross",
 //!   "stream": "cam1", "track_id": 17, "class_id": 0, "label": "person", "score": 0.91,
 //!   "box": [12.5, 40.0, 210.0, 700.2], "width": 1280, "height": 720,
 //!   "capture_time": "2026-12-01T09:30:00.123Z", "capture_unix_ms": 1796117400123,
@@ -47,18 +48,36 @@
 //! Kind-specific fields: `zone` (zone events), `line` and `direction` (`line.cross`),
 //! `inside_s` (`zone.loiter`), `first_seen_unix_ms`, `last_seen_unix_ms`, `duration_s` and
 //! `best_score` (`object.end`, whose `score` is also the best). `snapshot_url` is present
-//! when the event has a snapshot.
+//! when the event has a snapshot that the event store keeps (never on `object.update`,
+//! which is not stored).
 //!
-//! A status message: `{"schema_version": 1, "stream": "cam1", "status": "backing_off",
+//! `object.start`, `object.update` and `object.end` also carry the object `before` and
+//! `after` the event, as Frigate's `events` topic does (on `object.start` the two are
+//! equal; each `before` is the previous such event's `after`):
+//!
+//! ```json
+//! "after": {"class_id": 0, "label": "person", "score": 0.88, "top_score": 0.93,
+//!   "box": [12.5, 40.0, 210.0, 700.2], "current_zones": ["dock"], "entered_zones": ["dock"],
+//!   "loitering_zones": [], "stationary": false, "has_snapshot": true,
+//!   "snapshot_score": 0.93, "first_seen_unix_ms": 1796117391123,
+//!   "last_seen_unix_ms": 1796117400123}
+//! ```
+//!
+//! An `object.update` goes out when something in the object a consumer acts on has changed
+//! (label, `top_score` by 0.05 or more, a new best snapshot, zones, loitering, stationary),
+//! at most once per object per `update_interval_s`; its top-level `score`, `box` and
+//! `label` are `after`'s.
+//!
+//! A status message: `{"schema_version": 3, "stream": "cam1", "status": "backing_off",
 //! "since_unix_ms"?, "last_error"?, "next_attempt_unix_ms"?, "attempt"?, "reason"?}`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::event::{DetectionEvent, ObjectEvent, ObjectEventKind, StatusChange, StreamStatus};
+use crate::event::{DetectionEvent, ObjectEvent, ObjectEventKind, ObjectState, StatusChange, StreamStatus};
 
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 #[derive(Serialize)]
 struct EventJson<'a> {
@@ -169,6 +188,49 @@ struct ObjectJson<'a> {
     best_score: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     snapshot_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    before: Option<StateJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    after: Option<StateJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct StateJson<'a> {
+    class_id: u32,
+    label: &'a str,
+    score: f32,
+    top_score: f32,
+    #[serde(rename = "box")]
+    bbox: [f32; 4],
+    current_zones: &'a [String],
+    entered_zones: &'a [String],
+    loitering_zones: &'a [String],
+    stationary: bool,
+    has_snapshot: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    snapshot_score: Option<f32>,
+    first_seen_unix_ms: i64,
+    last_seen_unix_ms: i64,
+}
+
+impl<'a> StateJson<'a> {
+    fn of(s: &'a ObjectState) -> Self {
+        Self {
+            class_id: s.class_id,
+            label: &s.label,
+            score: s.score,
+            top_score: s.top_score,
+            bbox: [s.bbox.x1, s.bbox.y1, s.bbox.x2, s.bbox.y2],
+            current_zones: &s.current_zones,
+            entered_zones: &s.entered_zones,
+            loitering_zones: &s.loitering_zones,
+            stationary: s.stationary,
+            has_snapshot: s.snapshot_score.is_some(),
+            snapshot_score: s.snapshot_score,
+            first_seen_unix_ms: unix_ms(s.first_seen),
+            last_seen_unix_ms: unix_ms(s.last_seen),
+        }
+    }
 }
 
 /// Where the API serves an event's snapshot.
@@ -185,7 +247,9 @@ pub fn sink_object_json(event: &ObjectEvent, snapshots_served: bool) -> Vec<u8> 
 
 /// An object event as JSON bytes. `has_snapshot`: whether a snapshot is (or will be)
 /// stored for it; the store keeps the same JSON, so it says so even after the bytes left.
+/// Kinds the store does not keep (`object.update`) never link one.
 pub fn object_json(event: &ObjectEvent, has_snapshot: bool) -> Vec<u8> {
+    let has_snapshot = has_snapshot && event.kind.stored();
     let capture_ms = unix_ms(event.capture.wall);
     let mut body = ObjectJson {
         schema_version: SCHEMA_VERSION,
@@ -212,9 +276,11 @@ pub fn object_json(event: &ObjectEvent, has_snapshot: bool) -> Vec<u8> {
         duration_s: None,
         best_score: None,
         snapshot_url: has_snapshot.then(|| snapshot_url(&event.id)),
+        before: event.change.as_ref().map(|c| StateJson::of(&c.before)),
+        after: event.change.as_ref().map(|c| StateJson::of(&c.after)),
     };
     match &event.kind {
-        ObjectEventKind::Start => {}
+        ObjectEventKind::Start | ObjectEventKind::Update => {}
         ObjectEventKind::End {
             first_seen,
             last_seen,
@@ -334,7 +400,7 @@ pub(crate) mod tests {
     fn event_schema_is_stable() {
         let v: serde_json::Value = serde_json::from_slice(&event_json(&event(7))).unwrap();
         let expected = serde_json::json!({
-            "schema_version": 2,
+            "schema_version": 3,
             "stream": "cam1",
             "seq": 7,
             "pts_seconds": 5.0,
@@ -366,7 +432,7 @@ pub(crate) mod tests {
         let v: serde_json::Value = serde_json::from_slice(&status_json(&change)).unwrap();
         assert_eq!(
             v,
-            serde_json::json!({"schema_version": 2, "stream": "cam1", "status": "backing_off",
+            serde_json::json!({"schema_version": 3, "stream": "cam1", "status": "backing_off",
                 "last_error": "refused", "attempt": 3, "next_attempt_unix_ms": 5})
         );
     }
@@ -387,6 +453,7 @@ pub(crate) mod tests {
             width: 1280,
             height: 720,
             snapshot: None,
+            change: None,
         }
     }
 
@@ -401,7 +468,7 @@ pub(crate) mod tests {
         assert_eq!(
             v,
             serde_json::json!({
-                "schema_version": 2, "id": "019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50",
+                "schema_version": 3, "id": "019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50",
                 "type": "line.cross", "stream": "cam1", "track_id": 17, "class_id": 0,
                 "label": "person", "score": 0.5, "box": [1.0, 2.0, 3.0, 4.0],
                 "width": 1280, "height": 720, "capture_time": "2026-12-01T09:30:00.123Z",
@@ -438,5 +505,56 @@ pub(crate) mod tests {
             link(&start, true).unwrap(),
             "/v1/events/019ad2c4-7d0e-7c3a-9f1e-3b8c2d1e4f50/snapshot.jpg"
         );
+    }
+
+    #[test]
+    fn updates_carry_before_and_after_and_link_no_snapshot() {
+        use crate::event::{ObjectChange, ObjectState};
+        let before = ObjectState {
+            class_id: 0,
+            label: "person".into(),
+            score: 0.5,
+            bbox: BBox::new(1.0, 2.0, 3.0, 4.0),
+            top_score: 0.5,
+            current_zones: Vec::new(),
+            entered_zones: Vec::new(),
+            loitering_zones: Vec::new(),
+            stationary: false,
+            snapshot_score: None,
+            first_seen: UNIX_EPOCH + Duration::from_secs(90),
+            last_seen: UNIX_EPOCH + Duration::from_secs(95),
+        };
+        let after = ObjectState {
+            top_score: 0.75,
+            current_zones: vec!["dock".into()],
+            entered_zones: vec!["dock".into()],
+            stationary: true,
+            snapshot_score: Some(0.75),
+            last_seen: UNIX_EPOCH + Duration::from_secs(100),
+            ..before.clone()
+        };
+        let mut update = object(ObjectEventKind::Update);
+        update.snapshot = Some(Arc::new(vec![0xff, 0xd8]));
+        update.change = Some(Box::new(ObjectChange { before, after }));
+        let v: serde_json::Value = serde_json::from_slice(&sink_object_json(&update, true)).unwrap();
+        assert_eq!(v["type"], "object.update");
+        assert!(v.get("snapshot_url").is_none(), "updates are not stored: {v}");
+        assert_eq!(
+            v["before"],
+            serde_json::json!({"class_id": 0, "label": "person", "score": 0.5, "top_score": 0.5,
+                "box": [1.0, 2.0, 3.0, 4.0], "current_zones": [], "entered_zones": [],
+                "loitering_zones": [], "stationary": false, "has_snapshot": false,
+                "first_seen_unix_ms": 90_000, "last_seen_unix_ms": 95_000})
+        );
+        assert_eq!(
+            v["after"],
+            serde_json::json!({"class_id": 0, "label": "person", "score": 0.5, "top_score": 0.75,
+                "box": [1.0, 2.0, 3.0, 4.0], "current_zones": ["dock"], "entered_zones": ["dock"],
+                "loitering_zones": [], "stationary": true, "has_snapshot": true,
+                "snapshot_score": 0.75, "first_seen_unix_ms": 90_000, "last_seen_unix_ms": 100_000})
+        );
+        let zone = object(ObjectEventKind::ZoneEnter { zone: "dock".into() });
+        let v: serde_json::Value = serde_json::from_slice(&object_json(&zone, false)).unwrap();
+        assert!(v.get("before").is_none() && v.get("after").is_none(), "{v}");
     }
 }

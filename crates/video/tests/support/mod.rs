@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod engine_detector;
+pub mod mqtt;
 pub mod tls;
 
 use std::io::{BufRead, BufReader};
