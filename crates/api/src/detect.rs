@@ -56,10 +56,9 @@ impl Options {
         }
     }
 
-    /// The model's fallback may serve this request: it names no version and does not
-    /// forbid it.
+    /// The model's fallback may serve this request (`fallback::allowed`).
     fn fallback_allowed(&self) -> bool {
-        self.version.is_none() && self.fallback != Some(false)
+        fallback::allowed(self.version, self.fallback)
     }
 
     fn params(&self, engine: &Engine) -> Result<DetectParams, ParamsError> {
@@ -256,19 +255,19 @@ async fn handle(
     let retry = (options.fallback_allowed() && images.len() == 1).then(|| images.clone());
     match run_all(&engine, &permit, images, params, deadline).await {
         Ok(results) => Ok(Answer { engine, results }),
-        Err(e) if fallback::is_refusal(&e) && retry.is_some() => {
-            let Some((fallback, permit)) = state.try_fallback(&engine, fallback::Reason::Backlogged) else {
+        Err(e) => {
+            let moved =
+                retry.and_then(|images| Some((images, state.after_refusal(&engine, &e, true, |_| true)?)));
+            let Some((images, (fallback, permit))) = moved else {
                 return Err(e);
             };
             let params = options.params(&fallback)?;
-            let images = retry.expect("checked above");
             let results = run_all(&fallback, &permit, images, params, deadline).await?;
             Ok(Answer {
                 engine: fallback,
                 results,
             })
         }
-        Err(e) => Err(e),
     }
 }
 
@@ -289,13 +288,11 @@ fn refuse_early(
     match engine.check_admission(started + timeout) {
         Ok(()) => Ok((options, engine, permit)),
         Err(refusal) => {
-            let moved = options
-                .fallback_allowed()
-                .then(|| state.try_fallback(&engine, fallback::Reason::Backlogged))
-                .flatten();
-            match moved {
+            // Nothing of the request has been read, let alone run, so it may move whole.
+            let refusal = ApiError::from(refusal);
+            match state.after_refusal(&engine, &refusal, options.fallback_allowed(), |_| true) {
                 Some((fallback, permit)) => Ok((options, fallback, permit)),
-                None => Err(refusal.into()),
+                None => Err(refusal),
             }
         }
     }

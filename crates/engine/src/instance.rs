@@ -63,6 +63,7 @@ pub(crate) fn run_instance(
             return;
         }
     };
+    note_single_run(&shared, &costs);
     // The wait estimator starts from the warm-up's batch times rather than from nothing.
     if let Some(sender) = commands.upgrade() {
         let _ = sender.blocking_send(Command::WarmedUp(costs));
@@ -88,6 +89,30 @@ pub(crate) fn run_instance(
     // reads as stopped its model memory has been given back.
     drop(detector);
     drop(shared);
+}
+
+/// Keeps the first instance's time for one run at its smallest batch, and warns when that
+/// alone is past the objective: every request would miss it, so a model with a fallback
+/// sends all it may there.
+fn note_single_run(shared: &Shared, costs: &[(usize, std::time::Duration)]) {
+    let Some(&(size, took)) = costs.iter().min_by_key(|(size, _)| *size) else {
+        return;
+    };
+    if shared.single_run.set(took).is_err() {
+        return;
+    }
+    if let Some((run, p99)) = shared.run_past_objective() {
+        let what = if shared.config.has_fallback {
+            "every request that allows it will go to the fallback"
+        } else {
+            "it will miss its objective"
+        };
+        tracing::warn!(
+            model = %shared.config.name, version = %shared.config.version, batch_size = size,
+            run_ms = run.as_secs_f64() * 1e3, objective_p99_ms = p99.as_secs_f64() * 1e3,
+            "one run of the model at warm-up took longer than its objective's P99: {what}"
+        );
+    }
 }
 
 /// Runs each batch size twice on gray images so the first real request pays no warm-up.

@@ -125,7 +125,8 @@ struct QueueTask {
     adaptive: Option<AdaptiveBatcher>,
     /// Batches handed out since the last tick.
     fill: BatchFill,
-    /// Whether to send requests to the fallback, when the model has an objective.
+    /// Whether to send requests to the fallback, when the model has an objective and a
+    /// fallback (without one, nothing reads the answer: no estimate is made).
     divert: Option<Divert>,
 }
 
@@ -146,7 +147,11 @@ impl QueueTask {
             wait,
             adaptive: None,
             fill: BatchFill::default(),
-            divert: config.objective.as_ref().map(|o| Divert::new(o.p99)),
+            divert: config
+                .objective
+                .as_ref()
+                .filter(|_| config.has_fallback)
+                .map(|o| Divert::new(o.p99)),
             shared,
         }
     }
@@ -264,38 +269,30 @@ impl QueueTask {
         self.adaptive = Some(AdaptiveBatcher::new(objective, ceiling, &sizes));
     }
 
-    /// Exports the latency window and lets adaptive batching judge it.
+    /// Lets adaptive batching judge the latency window (read only when it runs).
     fn tick(&mut self, now: Instant) {
-        let config = &self.shared.config;
-        let window = self.shared.latency(now);
-        let objective = config.objective.as_ref().map(|o| o.p99);
-        telemetry::latency_window(&config.name, &config.version, window.p99, objective);
         let fill = std::mem::take(&mut self.fill);
         let Some(adaptive) = self.adaptive.as_mut() else {
             return;
         };
-        let change = adaptive.observe(&window, fill, now);
+        let config = &self.shared.config;
+        let window = self.shared.latency(now);
+        let Some((_, change)) = adaptive.observe(&window, fill, now) else {
+            return;
+        };
         let limits = adaptive.limits();
-        if let Some((_, change)) = change {
-            tracing::info!(
-                model = %config.name, version = %config.version, reason = change.as_str(),
-                p99_ms = window.p99.as_secs_f64() * 1e3,
-                objective_ms = objective.unwrap_or_default().as_secs_f64() * 1e3,
-                max_batch = limits.max_batch, max_delay_us = limits.max_delay.as_micros() as u64,
-                "adaptive batching changed the batch limits"
-            );
-            self.queue.set_limits(limits.max_batch, limits.max_delay);
-            self.shared.batch_limit.store(limits.max_batch, Ordering::Relaxed);
-            self.wait.set_limits(limits.max_batch, limits.max_delay);
-        }
-        let reason = change.map(|(_, c)| c.as_str());
-        telemetry::batch_limits(
-            &config.name,
-            &config.version,
-            limits.max_batch,
-            limits.max_delay,
-            reason,
+        let objective = config.objective.as_ref().map(|o| o.p99);
+        tracing::info!(
+            model = %config.name, version = %config.version, reason = change.as_str(),
+            p99_ms = window.p99.as_secs_f64() * 1e3,
+            objective_ms = objective.unwrap_or_default().as_secs_f64() * 1e3,
+            max_batch = limits.max_batch, max_delay_us = limits.max_delay.as_micros() as u64,
+            "adaptive batching changed the batch limits"
         );
+        self.queue.set_limits(limits.max_batch, limits.max_delay);
+        self.shared.set_batch_limits(limits.max_batch, limits.max_delay);
+        self.wait.set_limits(limits.max_batch, limits.max_delay);
+        telemetry::batch_limits_changed(&config.name, &config.version, change.as_str());
     }
 
     fn instance_stopped(&self, batch: Batch) {

@@ -70,6 +70,10 @@ pub struct EngineConfig {
     /// The latency objective and the loops it drives; without one, latency is still
     /// measured (over 10 s) and exported.
     pub objective: Option<Objective>,
+    /// The model names a fallback that may serve its requests: only then does the queue
+    /// task judge, after every dispatch, whether to divert them (`crate::divert`). The
+    /// registry sets it from the model's `fallback` for each version it loads.
+    pub has_fallback: bool,
 }
 
 impl EngineConfig {
@@ -101,6 +105,7 @@ impl Default for EngineConfig {
             shed_on_backlog: true,
             defaults: DetectParams::default(),
             objective: None,
+            has_fallback: false,
         }
     }
 }
@@ -299,10 +304,21 @@ impl Engine {
         self.shared.diverting.load(Ordering::Relaxed)
     }
 
+    /// What one run at the smallest batch took at warm-up, and the objective's P99, when
+    /// the run alone is longer: the model can answer nothing within its objective.
+    pub fn run_past_objective(&self) -> Option<(Duration, Duration)> {
+        self.shared.run_past_objective()
+    }
+
     /// End-to-end latency over the window ending now: P99 of the answered requests and
     /// the failures inside the engine.
     pub fn latency(&self) -> WindowStats {
         self.shared.latency(Instant::now())
+    }
+
+    /// The per-version gauges `/metrics` shows for this engine, as of now.
+    pub fn gauges(&self) -> crate::telemetry::VersionGauges {
+        self.shared.gauges()
     }
 
     /// Most images per batch right now: the configured `max_batch`, or less while adaptive

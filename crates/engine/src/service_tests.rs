@@ -12,7 +12,7 @@ fn start(
     capacity: usize,
     in_flight: usize,
 ) -> (Engine, Arc<Mutex<Vec<u8>>>) {
-    start_with(delay_ms, max_batch, capacity, in_flight, None)
+    start_with(delay_ms, max_batch, capacity, in_flight, None, false)
 }
 
 fn start_with(
@@ -21,6 +21,7 @@ fn start_with(
     capacity: usize,
     in_flight: usize,
     objective: Option<Objective>,
+    has_fallback: bool,
 ) -> (Engine, Arc<Mutex<Vec<u8>>>) {
     let computed = Arc::new(Mutex::new(Vec::new()));
     let c = computed.clone();
@@ -52,6 +53,7 @@ fn start_with(
         shed_on_backlog: false,
         defaults: DetectParams::default(),
         objective,
+        has_fallback,
     };
     (Engine::start(config, factory).unwrap(), computed)
 }
@@ -315,7 +317,7 @@ async fn a_breached_objective_lowers_the_batch_limit_and_latency_is_windowed() {
         window: Duration::from_secs(1),
         adaptive_batching: true,
     };
-    let (engine, _) = start_with(10, 8, 64, 64, Some(objective));
+    let (engine, _) = start_with(10, 8, 64, 64, Some(objective), false);
     ready(&engine).await;
     assert_eq!(engine.batch_limit(), 8);
     let tasks = spawn_detects(&engine, 0..24);
@@ -324,6 +326,35 @@ async fn a_breached_objective_lowers_the_batch_limit_and_latency_is_windowed() {
     assert_eq!((window.answered, window.failed), (24, 0));
     assert!(window.p99 >= Duration::from_millis(10), "{window:?}");
     until("the limit is halved", || engine.batch_limit() == 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_model_with_a_fallback_judges_whether_to_divert() {
+    // One image a batch at 30 ms against a 10 ms objective: every wait is past it.
+    let objective = Objective {
+        p99: Duration::from_millis(10),
+        window: Duration::from_secs(1),
+        adaptive_batching: false,
+    };
+    for has_fallback in [true, false] {
+        let (engine, _) = start_with(30, 1, 16, 16, Some(objective.clone()), has_fallback);
+        ready(&engine).await;
+        let (run, p99) = engine
+            .run_past_objective()
+            .expect("one run is past the objective");
+        assert!(
+            run >= Duration::from_millis(30) && p99 == objective.p99,
+            "{run:?}"
+        );
+        let tasks = spawn_detects(&engine, 0..4);
+        if has_fallback {
+            until("the model diverts", || engine.diverting()).await;
+        }
+        assert!(join_tasks(tasks).await.iter().all(Result::is_ok));
+        // Even idle, the next request would wait 30 ms: a model with a fallback keeps
+        // diverting; one without never asked.
+        assert_eq!(engine.diverting(), has_fallback);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,6 +381,7 @@ async fn a_failed_warm_up_is_reported_with_its_reason() {
         shed_on_backlog: false,
         defaults: DetectParams::default(),
         objective: None,
+        has_fallback: false,
     };
     let engine = Engine::start(config, factory).unwrap();
     let err = engine.wait_ready().await.unwrap_err();
@@ -413,6 +445,7 @@ fn start_device_jpeg(device_fails: bool) -> (Engine, Arc<Mutex<usize>>) {
         shed_on_backlog: false,
         defaults: DetectParams::default(),
         objective: None,
+        has_fallback: false,
     };
     (Engine::start(config, factory).unwrap(), decoded)
 }

@@ -3,7 +3,7 @@
 //! counters behind deadline-aware shedding. Each mutable part has one writer, named on
 //! its field; the rest only read.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use peregrine_vision::DetectorSpec;
 use tokio::sync::{watch, Semaphore};
 
 use crate::stats::EngineStats;
+use crate::telemetry::VersionGauges;
 use crate::wait::{Ahead, WaitEstimator};
 use crate::window::{LatencyWindow, WindowStats};
 use crate::EngineConfig;
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub wait: ArcSwap<WaitEstimator>,
     /// The batch limit in force (adaptive batching lowers it): written by the queue task.
     pub batch_limit: AtomicUsize,
+    /// The batching delay in force, in nanoseconds: written by the queue task.
+    batch_delay_ns: AtomicU64,
     /// Batches running on the instances right now.
     pub running: AtomicUsize,
     /// Requests that allow it should go to the model's fallback (`crate::divert`): written
@@ -57,6 +60,8 @@ pub(crate) struct Shared {
     latency: Mutex<LatencyWindow>,
     /// One image's raw output shape (without the batch dimension), known after warm-up.
     pub output_shape: OnceLock<Vec<usize>>,
+    /// What one run at the smallest batch took at the first instance's warm-up.
+    pub single_run: OnceLock<Duration>,
     /// The instances decode baseline JPEGs on the device: such requests skip the CPU.
     pub device_jpeg: bool,
 }
@@ -90,11 +95,13 @@ impl Shared {
                 policy.max_delay,
             )),
             batch_limit: AtomicUsize::new(policy.max_batch),
+            batch_delay_ns: AtomicU64::new(nanos(policy.max_delay)),
             running: AtomicUsize::new(0),
             diverting: AtomicBool::new(false),
             stats: EngineStats::new(policy.max_batch),
             latency: Mutex::new(LatencyWindow::new(config.latency_window(), Instant::now())),
             output_shape: OnceLock::new(),
+            single_run: OnceLock::new(),
             device_jpeg,
             spec,
             description,
@@ -142,6 +149,30 @@ impl Shared {
         self.window().stats(now)
     }
 
+    /// The warm-up's single run and the objective's P99, when the run alone is longer:
+    /// no request can then be answered within the objective.
+    pub fn run_past_objective(&self) -> Option<(Duration, Duration)> {
+        let run = *self.single_run.get()?;
+        let p99 = self.config.objective.as_ref()?.p99;
+        (run > p99).then_some((run, p99))
+    }
+
+    /// Adaptive batching set new limits.
+    pub fn set_batch_limits(&self, max_batch: usize, max_delay: Duration) {
+        self.batch_limit.store(max_batch, Ordering::Relaxed);
+        self.batch_delay_ns.store(nanos(max_delay), Ordering::Relaxed);
+    }
+
+    /// The version's gauges as of now, for `/metrics`.
+    pub fn gauges(&self) -> VersionGauges {
+        VersionGauges {
+            p99: self.latency(Instant::now()).p99,
+            objective: self.config.objective.as_ref().map(|o| o.p99),
+            batch_limit: self.batch_limit.load(Ordering::Relaxed),
+            batch_delay: Duration::from_nanos(self.batch_delay_ns.load(Ordering::Relaxed)),
+        }
+    }
+
     /// What a request arriving now has in front of it, besides the running batches.
     pub fn ahead(&self) -> Ahead {
         Ahead {
@@ -149,6 +180,10 @@ impl Shared {
             queued: self.queued.load(Ordering::Relaxed),
         }
     }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Counts one request as decoding (waiting for a decoder or holding one) while it lives,

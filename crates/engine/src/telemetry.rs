@@ -70,29 +70,23 @@ pub fn request_finished(model: &str, outcome: &'static str, total: Duration) {
         .record(total.as_secs_f64());
 }
 
-/// The latency window of one model version, as of the queue task's last tick.
-pub(crate) fn latency_window(model: &str, version: &str, p99: Duration, objective: Option<Duration>) {
-    let labels = [("model", model.to_string()), ("version", version.to_string())];
-    metrics::gauge!(LATENCY_P99, &labels).set(p99.as_secs_f64());
-    if let Some(objective) = objective {
-        metrics::gauge!(LATENCY_OBJECTIVE, &labels).set(objective.as_secs_f64());
-    }
+/// The per-version gauges ([`LATENCY_P99`], [`LATENCY_OBJECTIVE`], [`BATCH_LIMIT`],
+/// [`BATCH_DELAY`]) of one engine, read when `/metrics` is scraped rather than pushed into
+/// the recorder: the Prometheus exporter cannot remove a series, so pushed ones would
+/// stay after their version retired. Only engines still served are read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VersionGauges {
+    /// P99 over the latency window ending now.
+    pub p99: Duration,
+    pub objective: Option<Duration>,
+    /// The batch limit and delay in force (adaptive batching may hold them lower).
+    pub batch_limit: usize,
+    pub batch_delay: Duration,
 }
 
-/// The batch limits in force for one model version; `reason` (`breach` or `headroom`)
-/// when adaptive batching just changed them.
-pub(crate) fn batch_limits(
-    model: &str,
-    version: &str,
-    max_batch: usize,
-    delay: Duration,
-    reason: Option<&'static str>,
-) {
-    let labels = [("model", model.to_string()), ("version", version.to_string())];
-    metrics::gauge!(BATCH_LIMIT, &labels).set(max_batch as f64);
-    metrics::gauge!(BATCH_DELAY, &labels).set(delay.as_secs_f64());
-    if let Some(reason) = reason {
-        metrics::counter!(BATCH_ADJUSTMENTS, "model" => model.to_string(), "version" => version.to_string(), "reason" => reason)
-            .increment(1);
-    }
+/// Adaptive batching changed one model version's limits, for `reason` (`breach`,
+/// `backlog` or `headroom`).
+pub(crate) fn batch_limits_changed(model: &str, version: &str, reason: &'static str) {
+    metrics::counter!(BATCH_ADJUSTMENTS, "model" => model.to_string(), "version" => version.to_string(), "reason" => reason)
+        .increment(1);
 }

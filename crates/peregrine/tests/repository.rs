@@ -3,59 +3,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use common::repo::Repo;
 use common::server::{post_image, Server};
 use common::shared_dir;
 use serde_json::{json, Value};
-
-/// A temporary repository whose versions are hard links to the embedded model's file, so
-/// twenty versions cost no disk; a small input size keeps loads and warm-ups quick.
-struct Repo(PathBuf);
-
-impl Repo {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("peregrine-repo-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("det")).unwrap();
-        std::fs::write(
-            dir.join("det/config.toml"),
-            "imgsz = [320, 320]\nmax_batch = 2\nthreads = 1\n",
-        )
-        .unwrap();
-        Self(dir)
-    }
-
-    fn model() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/yolo11n.onnx")
-    }
-
-    fn add_version(&self, v: u64) {
-        let dir = self.0.join("det").join(v.to_string());
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::hard_link(Self::model(), dir.join("model.onnx")).unwrap();
-    }
-
-    fn add_broken_version(&self, v: u64, bytes: &[u8]) {
-        let dir = self.0.join("det").join(v.to_string());
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("model.onnx"), bytes).unwrap();
-    }
-
-    fn arg(&self) -> String {
-        self.0.display().to_string()
-    }
-}
-
-impl Drop for Repo {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn bus() -> Vec<u8> {
     std::fs::read(shared_dir().join("images/bus.jpg")).unwrap()
@@ -69,6 +25,15 @@ async fn index(client: &reqwest::Client, server: &Server) -> Vec<Value> {
         .unwrap();
     assert_eq!(r.status(), 200);
     r.json::<Value>().await.unwrap().as_array().unwrap().clone()
+}
+
+async fn unload(client: &reqwest::Client, server: &Server) -> u16 {
+    let r = client
+        .post(server.url("/v2/repository/models/det/unload"))
+        .send()
+        .await
+        .unwrap();
+    r.status().as_u16()
 }
 
 async fn load(client: &reqwest::Client, server: &Server) -> (u16, Value) {
@@ -262,12 +227,7 @@ async fn a_hundred_load_unload_cycles_keep_memory_flat() {
     let start = rss_kib(server.child.id());
     let mut after = Vec::new();
     for cycle in 1..=100 {
-        let r = client
-            .post(server.url("/v2/repository/models/det/unload"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        assert_eq!(unload(&client, &server).await, 200);
         assert!(detect_once(&client, &server.base, false)
             .await
             .unwrap_err()
@@ -468,72 +428,44 @@ async fn a_healthy_canary_is_promoted_and_a_slow_one_rolled_back_with_no_failed_
     }
 }
 
-/// Sends `n` requests for `det` at once (`query` added) with a 2 s deadline; returns each
-/// one's status and the model that answered it.
-async fn burst(client: &reqwest::Client, server: &Server, n: usize, query: &str) -> Vec<(u16, String)> {
-    let url = server.url(&format!("/v1/detect?model=det{query}"));
-    let sends = (0..n).map(|_| {
-        let (client, url) = (client.clone(), url.clone());
-        async move {
-            let r = post_image(&client, &url, bus(), &[("x-request-timeout-ms", "2000")]).await;
-            let status = r.status().as_u16();
-            let body: Value = r.json().await.unwrap_or(Value::Null);
-            (status, body["model"].as_str().unwrap_or_default().to_string())
-        }
-    });
-    futures_util::future::join_all(sends).await
+/// The names of the per-version gauges `text` holds for `det` at `version`.
+fn version_gauges<'a>(text: &'a str, version: &str) -> Vec<&'a str> {
+    let labels = format!("{{model=\"det\",version=\"{version}\"}}");
+    text.lines()
+        .filter_map(|l| l.split_once(' ')?.0.strip_suffix(labels.as_str()))
+        .filter(|name| !name.ends_with("_total"))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_overloaded_model_hands_requests_to_its_fallback_unless_they_refuse_it() {
-    let repo = Repo::new("fallback");
-    // A slow model (1280x1280, one instance, one image a run) with a 1.5 s objective (one run fits, four do not) and
-    // a fast fallback (320x320) beside it.
+async fn a_retired_or_unloaded_version_leaves_the_metrics() {
+    let repo = Repo::new("gauges");
     std::fs::write(
         repo.0.join("det/config.toml"),
-        "imgsz = [1280, 1280]\nmax_batch = 1\ninstances = 1\nthreads = 1\nfallback = \"small\"\n\
-         [slo]\np99_ms = 1500\nadaptive_batching = false\n",
+        "imgsz = [320, 320]\nmax_batch = 2\nthreads = 1\n[slo]\np99_ms = 5000\n",
     )
     .unwrap();
     repo.add_version(1);
-    let small = repo.0.join("small/1");
-    std::fs::create_dir_all(&small).unwrap();
-    std::fs::hard_link(Repo::model(), small.join("model.onnx")).unwrap();
-    std::fs::write(
-        repo.0.join("small/config.toml"),
-        "imgsz = [320, 320]\nmax_batch = 4\nthreads = 1\n",
-    )
-    .unwrap();
-    let server = Server::start(&["--model-repository", &repo.arg(), "--max-in-flight", "64"]);
+    let server = Server::start(&["--model-repository", &repo.arg()]);
     server.wait_ready().await;
     let client = reqwest::Client::new();
+    let all = [
+        "peregrine_latency_p99_seconds",
+        "peregrine_latency_objective_seconds",
+        "peregrine_batch_limit",
+        "peregrine_batch_delay_seconds",
+    ];
+    assert_eq!(version_gauges(&server.metrics_text().await, "1"), all);
 
-    // Twelve slow runs cannot all finish within 2 s: the ones the model cannot serve in
-    // time go to the fallback instead of being refused. (One the model admitted may still
-    // miss its deadline on a machine slower than its warm-up measured: a 504, not a 429.)
-    let answers = burst(&client, &server, 12, "").await;
-    assert!(answers.iter().all(|(s, _)| *s == 200 || *s == 504), "{answers:?}");
-    // (How many `det` answers itself depends on the machine: where one 1280 run takes
-    // longer than the objective, every request goes to the fallback.)
-    let by_small = answers.iter().filter(|(_, m)| m == "small").count();
-    assert!(by_small >= 1, "{answers:?}");
-    let counted = server
-        .metric("peregrine_fallbacks_total", "model=\"det\",fallback=\"small\"")
-        .await;
-    assert!(
-        counted >= by_small as f64,
-        "{counted} counted, {by_small} answered by the fallback"
-    );
+    // Version 2 replaces version 1 (the policy serves the latest one).
+    repo.add_version(2);
+    let (status, body) = load(&client, &server).await;
+    assert_eq!(status, 200, "{body}");
+    let text = server.metrics_text().await;
+    assert_eq!(version_gauges(&text, "1"), Vec::<&str>::new(), "{text}");
+    assert_eq!(version_gauges(&text, "2"), all);
 
-    // Refusing the fallback: the model answers what it can in time and refuses the rest.
-    let refused = burst(&client, &server, 12, "&fallback=false").await;
-    assert!(refused.iter().all(|(_, m)| m != "small"), "{refused:?}");
-    assert!(refused.iter().any(|(s, _)| *s != 200), "{refused:?}");
-    assert!(
-        refused.iter().all(|(s, _)| [200, 429, 504].contains(s)),
-        "{refused:?}"
-    );
-    // A request that names a version is never moved either.
-    let named = burst(&client, &server, 12, "&version=1").await;
-    assert!(named.iter().all(|(_, m)| m != "small"), "{named:?}");
+    assert_eq!(unload(&client, &server).await, 200);
+    let text = server.metrics_text().await;
+    assert_eq!(version_gauges(&text, "2"), Vec::<&str>::new(), "{text}");
 }

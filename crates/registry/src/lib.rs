@@ -62,7 +62,8 @@ pub enum VersionState {
 pub struct VersionView {
     pub version: u64,
     pub state: VersionState,
-    /// Why it is unavailable, or why a reload of a ready version failed.
+    /// Why it is unavailable, why a reload of a ready version failed, or that a ready
+    /// version's single run is past its objective.
     pub reason: Option<String>,
     /// Present when ready.
     pub engine: Option<Engine>,

@@ -24,11 +24,13 @@ pub trait EngineLoader: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct OrtLoader;
 
-/// The engine configuration of one version under a model's settings.
+/// The engine configuration of one version under a model's settings. A change of the
+/// model's fallback is a change of its settings, so its versions reload with the new one.
 pub fn engine_config(name: &str, version: u64, settings: &ModelSettings) -> EngineConfig {
     EngineConfig {
         name: name.to_string(),
         version: version.to_string(),
+        has_fallback: settings.fallback.as_deref().is_some_and(|f| f != name),
         ..settings.engine.clone()
     }
 }

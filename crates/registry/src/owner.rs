@@ -437,7 +437,9 @@ fn view(name: &str, m: &ModelState) -> ModelView {
                 (Some(l), _) => VersionView {
                     version: v,
                     state: VersionState::Ready,
-                    reason: failure.map(|r| format!("serving the previous load; reloading failed: {r}")),
+                    reason: failure
+                        .map(|r| format!("serving the previous load; reloading failed: {r}"))
+                        .or_else(|| past_objective(&l.engine)),
                     engine: Some(l.engine.clone()),
                 },
                 (None, true) => VersionView {
@@ -463,6 +465,22 @@ fn view(name: &str, m: &ModelState) -> ModelView {
         wanted: m.wanted,
         rollout: m.rollout.as_ref().map(canary::ActiveRollout::view),
     }
+}
+
+/// What the index says of a ready version whose single run (at warm-up) is longer than
+/// its objective's P99.
+fn past_objective(engine: &Engine) -> Option<String> {
+    let (run, p99) = engine.run_past_objective()?;
+    let what = if engine.config().has_fallback {
+        "every request that allows it goes to the fallback"
+    } else {
+        "it misses its objective"
+    };
+    Some(format!(
+        "one run takes {:.1} ms (warm-up, smallest batch), over the objective's P99 of {:.1} ms: {what}",
+        run.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3
+    ))
 }
 
 /// Gives the memory of stopped sessions back to the system. A session frees hundreds of

@@ -153,6 +153,47 @@ async fn start_up_serves_the_latest_version_and_a_load_swaps_in_a_new_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_fallback_reloads_the_versions_with_it() {
+    let repo = Repo::new("fallback");
+    repo.put("det", 1, "ok");
+    repo.config("det", "fallback = \"small\"\n");
+    let registry = start(&repo, None, Startup::All);
+    assert!(registry.wait_started().await.is_empty());
+    let has_fallback = || registry.engine("det", None).unwrap().config().has_fallback;
+    assert!(has_fallback());
+    for (config, expected) in [
+        ("", false),
+        ("fallback = \"det\"\n", false),
+        ("fallback = \"s\"\n", true),
+    ] {
+        repo.config("det", config);
+        let report = registry.load("det").await.unwrap();
+        assert_eq!(report.loaded, [1], "{config:?} reloads the version");
+        assert_eq!(has_fallback(), expected, "{config:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_says_when_one_run_is_past_the_objective() {
+    let repo = Repo::new("past-objective");
+    repo.put("det", 1, "slow");
+    repo.put("quick", 1, "ok");
+    repo.config("det", "[slo]\np99_ms = 20\n");
+    repo.config("quick", "[slo]\np99_ms = 1000\n");
+    let registry = start(&repo, None, Startup::All);
+    assert!(registry.wait_started().await.is_empty());
+    let index = registry.index(false).await.unwrap();
+    let reason = |name: &str| index.iter().find(|e| e.name == name).unwrap().reason.clone();
+    let slow = reason("det").expect("a 40 ms run is past a 20 ms objective");
+    assert!(
+        slow.starts_with("one run takes ")
+            && slow.ends_with("over the objective's P99 of 20.0 ms: it misses its objective"),
+        "{slow}"
+    );
+    assert_eq!(reason("quick"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn swaps_under_continuous_load_fail_no_request() {
     let repo = Repo::new("load");
     repo.put("det", 1, "ok");

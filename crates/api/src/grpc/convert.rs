@@ -199,12 +199,22 @@ fn params(map: &HashMap<String, proto::InferParameter>) -> Result<InferParams, A
             ))
         }
     };
+    let fallback = match map.get("fallback").and_then(|p| p.parameter_choice.as_ref()) {
+        None => None,
+        Some(ParameterChoice::BoolParam(b)) => Some(*b),
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "parameter \"fallback\" must be a bool_param (true or false)".into(),
+            ))
+        }
+    };
     Ok(InferParams {
         conf: num("conf")?.map(|v| v as f32),
         iou: num("iou")?.map(|v| v as f32),
         max_det: whole("max_det")?.map(|v| v as usize),
         classes,
         timeout: whole("timeout")?.map(Duration::from_micros),
+        fallback,
     })
 }
 
@@ -336,6 +346,19 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("\"iou\" must be a number"));
+        let off = HashMap::from([("fallback".to_string(), param(ParameterChoice::BoolParam(false)))]);
+        assert_eq!(params(&off).unwrap().fallback, Some(false));
+        assert_eq!(p.fallback, None);
+        let bad = HashMap::from([(
+            "fallback".to_string(),
+            param(ParameterChoice::StringParam("false".into())),
+        )]);
+        let err = params(&bad).unwrap_err();
+        assert_eq!(err.grpc_code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.to_string().contains("\"fallback\" must be a bool_param"),
+            "{err}"
+        );
     }
 
     #[test]

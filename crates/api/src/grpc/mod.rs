@@ -86,7 +86,7 @@ impl InferenceService {
             let resolved = face::resolve(&snapshot, &name)?;
             // tonic has read the message by now; admission still comes before converting
             // its tensors, so a full server spends nothing more on a request it refuses.
-            let admitted = infer::admit(&resolved, version)?;
+            let admission = infer::admit(state, &resolved, version)?;
             let request = convert::infer_request(request)?;
             let asked = timeout
                 .or(request.params.timeout)
@@ -97,7 +97,7 @@ impl InferenceService {
                 ));
             }
             let deadline = started + asked.min(state.config.max_timeout);
-            infer::infer(&resolved, &admitted, request, deadline).await
+            infer::infer(state, &resolved, version, admission, request, deadline).await
         }
         .await;
         let label = if snapshot

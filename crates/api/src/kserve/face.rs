@@ -73,6 +73,14 @@ pub fn resolve<'a>(snapshot: &'a RegistrySnapshot, name: &'a str) -> Result<Reso
     .into())
 }
 
+/// The protocol name under which `face` offers the registry model `model`.
+pub fn face_name(face: Face, model: &str) -> String {
+    match face {
+        Face::Detection => model.to_string(),
+        Face::Tensor => format!("{model}{TENSOR_SUFFIX}"),
+    }
+}
+
 /// Every protocol model name the snapshot offers.
 pub fn face_names(snapshot: &RegistrySnapshot) -> Vec<String> {
     snapshot

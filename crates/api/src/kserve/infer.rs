@@ -12,7 +12,8 @@ use peregrine_vision::InputForm;
 
 use super::face::{self, Face, Resolved};
 use super::tensor::{element_count, split_bytes_elements, DataType, OutputData};
-use crate::ApiError;
+use crate::fallback::{self, Admission};
+use crate::{ApiError, AppState};
 
 /// Most images in one detection request.
 pub const MAX_IMAGES: usize = 64;
@@ -36,6 +37,9 @@ pub struct InferParams {
     pub classes: Option<String>,
     /// Triton's `timeout` parameter.
     pub timeout: Option<Duration>,
+    /// `false` keeps the request on the model it names, however busy (see
+    /// `crate::fallback`).
+    pub fallback: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -62,19 +66,23 @@ pub struct InferResponse {
     pub outputs: Vec<InferOutput>,
 }
 
-/// The engine behind `resolved` at `version` (else its newest ready one), and a capacity
-/// permit on it. Taken before the request's body is read or parsed, so that a full
-/// server refuses at once and a refused request costs no reading and no parsing.
-pub fn admit(resolved: &Resolved<'_>, version: Option<u64>) -> Result<(Engine, AdmissionPermit), ApiError> {
+/// The engine behind `resolved` at `version` (else the one serving), and the request's
+/// admission on it or a place on its fallback (`crate::fallback`). Taken before the
+/// request's body is read or parsed, so that a full server refuses at once and a refused
+/// request costs no reading and no parsing.
+pub fn admit(state: &AppState, resolved: &Resolved<'_>, version: Option<u64>) -> Result<Admission, ApiError> {
     let engine = resolved.model.route(version)?.clone();
-    let permit = engine.try_admit()?;
-    Ok((engine, permit))
+    state.admission(engine, version.is_none())
 }
 
-/// Runs `request` on the face `resolved` names, on the `engine` that admitted it.
+/// Runs `request` on the face `resolved` names: on the engine that admitted it, or on
+/// the model's fallback when the request allows it and the fallback can take its input.
+/// The answer names the model (as the same face) and version that served it.
 pub async fn infer(
+    state: &AppState,
     resolved: &Resolved<'_>,
-    (engine, permit): &(Engine, AdmissionPermit),
+    version: Option<u64>,
+    admission: Admission,
     request: InferRequest,
     deadline: Instant,
 ) -> Result<InferResponse, ApiError> {
@@ -85,17 +93,56 @@ pub async fn infer(
             request.inputs.len()
         )));
     };
-    let outputs = match resolved.face {
-        Face::Detection => detect(engine, permit, input, &request.params, deadline).await?,
-        Face::Tensor => raw(engine, permit, input, deadline).await?,
+    let allowed = fallback::allowed(version, request.params.fallback);
+    let takes = |e: &Engine| fits(resolved.face, e, input, request.outputs.as_deref());
+    let (mut engine, permit) = admission.settle(allowed, takes)?;
+    let outputs = match run(resolved.face, &engine, &permit, input, &request.params, deadline).await {
+        Ok(outputs) => outputs,
+        Err(e) => {
+            // One image or tensor refused before any work was spent on it may still move.
+            let single = input.shape.first() == Some(&1);
+            let Some((moved, permit)) = state.after_refusal(&engine, &e, allowed && single, takes) else {
+                return Err(e);
+            };
+            engine = moved;
+            run(resolved.face, &engine, &permit, input, &request.params, deadline).await?
+        }
     };
-    let outputs = select_outputs(resolved.name, outputs, request.outputs.as_deref())?;
+    let model_name = face::face_name(resolved.face, engine.name());
+    let outputs = select_outputs(&model_name, outputs, request.outputs.as_deref())?;
     Ok(InferResponse {
-        model_name: resolved.name.to_string(),
+        model_name,
         model_version: engine.version().to_string(),
         id: request.id,
         outputs,
     })
+}
+
+async fn run(
+    face: Face,
+    engine: &Engine,
+    permit: &AdmissionPermit,
+    input: &InferInput,
+    params: &InferParams,
+    deadline: Instant,
+) -> Result<Vec<InferOutput>, ApiError> {
+    match face {
+        Face::Detection => detect(engine, permit, input, params, deadline).await,
+        Face::Tensor => raw(engine, permit, input, deadline).await,
+    }
+}
+
+/// Whether `engine` can take `input` and give the `outputs` asked for, as `face` offers
+/// it: the detection face takes encoded images on any detection model; the tensor face
+/// only the engine's own input tensor (name, type, size, batch) and output.
+fn fits(face: Face, engine: &Engine, input: &InferInput, outputs: Option<&[String]>) -> bool {
+    match face {
+        Face::Detection => true,
+        Face::Tensor => {
+            let output = &engine.spec().output_name;
+            tensor_batch(engine, input).is_ok() && outputs.is_none_or(|o| o.iter().all(|n| n == output))
+        }
+    }
 }
 
 /// Keeps the outputs asked for, in the order asked.
@@ -243,12 +290,8 @@ fn detection_outputs(engine: &Engine, results: &[ImageResult]) -> Vec<InferOutpu
     ]
 }
 
-async fn raw(
-    engine: &Engine,
-    permit: &AdmissionPermit,
-    input: &InferInput,
-    deadline: Instant,
-) -> Result<Vec<InferOutput>, ApiError> {
+/// How many images `input` holds as `engine`'s own input tensor, or why it is not one.
+fn tensor_batch(engine: &Engine, input: &InferInput) -> Result<usize, ApiError> {
     let s = engine.spec();
     let (h, w) = (s.input_height as i64, s.input_width as i64);
     let (datatype, layout) = match s.input_form {
@@ -285,7 +328,18 @@ async fn raw(
             input.raw.len()
         )));
     }
-    let per_image = expected / batch;
+    Ok(batch)
+}
+
+async fn raw(
+    engine: &Engine,
+    permit: &AdmissionPermit,
+    input: &InferInput,
+    deadline: Instant,
+) -> Result<Vec<InferOutput>, ApiError> {
+    let s = engine.spec();
+    let batch = tensor_batch(engine, input)?;
+    let per_image = input.raw.len() / batch;
     let runs = (0..batch).map(|i| {
         let slice = input.raw.slice(i * per_image..(i + 1) * per_image);
         engine.infer_tensor(permit, slice, deadline)
@@ -305,7 +359,54 @@ async fn raw(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use peregrine_engine::fake::SlowBackend;
+    use peregrine_engine::{Detector, DetectorConfig, EngineConfig};
+
     use super::*;
+
+    /// The fake model: a `[N, 3, 32, 32]` float input named `images`, output `output0`.
+    fn fake_engine() -> Engine {
+        let factory = || {
+            let backend = SlowBackend::new(Duration::ZERO, Arc::default());
+            Detector::new(Box::new(backend), &DetectorConfig::default())
+        };
+        Engine::start(EngineConfig::default(), factory).unwrap()
+    }
+
+    fn tensor(name: &str, shape: &[i64]) -> InferInput {
+        InferInput {
+            name: name.into(),
+            datatype: "FP32".into(),
+            shape: shape.to_vec(),
+            raw: Bytes::from(vec![0u8; element_count(shape).unwrap() * 4]),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fallback_takes_images_always_and_a_tensor_only_when_it_is_its_own() {
+        let engine = fake_engine();
+        let own = tensor("images", &[1, 3, 32, 32]);
+        assert!(fits(Face::Tensor, &engine, &own, None));
+        assert!(fits(Face::Tensor, &engine, &own, Some(&["output0".into()])));
+        assert!(!fits(Face::Tensor, &engine, &own, Some(&["boxes".into()])));
+        for other in [
+            tensor("images", &[1, 3, 64, 64]),
+            tensor("input", &[1, 3, 32, 32]),
+        ] {
+            assert!(!fits(Face::Tensor, &engine, &other, None), "{other:?}");
+        }
+        let over_max_batch = tensor("images", &[8, 3, 32, 32]);
+        assert!(!fits(Face::Tensor, &engine, &over_max_batch, None));
+        let image = InferInput {
+            name: face::IMAGE.into(),
+            datatype: "BYTES".into(),
+            shape: vec![1],
+            raw: Bytes::from_static(b"\x03\0\0\0abc"),
+        };
+        assert!(fits(Face::Detection, &engine, &image, None));
+    }
 
     fn out(name: &str) -> InferOutput {
         InferOutput {

@@ -111,9 +111,11 @@ async fn run(
     started: Instant,
 ) -> Result<Response, ApiError> {
     let snapshot = state.registry.snapshot();
-    let admitted =
-        face::resolve(&snapshot, model).and_then(|resolved| Ok((admit(&resolved, version)?, resolved)));
-    let (admitted, resolved) = match admitted {
+    let admitted = face::resolve(&snapshot, model)
+        .and_then(|resolved| Ok((admit(state, &resolved, version)?, resolved)));
+    // A request held for the model's fallback is read before it is settled: only its
+    // body says whether it refuses the fallback and whether the fallback takes its input.
+    let (admission, resolved) = match admitted {
         Ok(a) => a,
         Err(e) => {
             discard_body(body, headers, &state.config);
@@ -123,7 +125,7 @@ async fn run(
     let bytes = read_body(body, headers, &state.config).await?;
     let (request, binary_outputs) = parse(headers, bytes)?;
     let deadline = started + deadline_after(headers, request.params.timeout, &state.config)?;
-    let response = infer(&resolved, &admitted, request, deadline).await?;
+    let response = infer(state, &resolved, version, admission, request, deadline).await?;
     Ok(render(response, &binary_outputs))
 }
 
@@ -303,6 +305,7 @@ fn params(p: &Map<String, Value>) -> Result<InferParams, ApiError> {
         max_det: whole("max_det")?.map(|v| v as usize),
         classes,
         timeout: whole("timeout")?.map(Duration::from_micros),
+        fallback: flag(p, "fallback")?,
     })
 }
 
@@ -494,11 +497,17 @@ mod tests {
     #[test]
     fn json_images_are_base64_and_parameters_are_typed() {
         let json = r#"{"inputs":[{"name":"IMAGE","datatype":"BYTES","shape":[1],"data":["aGk="]}],
-            "parameters":{"classes":["person", 2],"max_det":"5"}}"#;
+            "parameters":{"classes":["person", 2],"max_det":"5","fallback":false}}"#;
         let (r, _) = request(json, b"").unwrap();
         assert_eq!(r.inputs[0].raw.as_ref(), join_bytes_elements(&[b"hi"]).as_slice());
         assert_eq!(r.params.classes.as_deref(), Some("person,2"));
         assert_eq!(r.params.max_det, Some(5));
+        assert_eq!(r.params.fallback, Some(false));
+        let bad = r#"{"inputs":[],"parameters":{"fallback":"no"}}"#;
+        assert_eq!(
+            request(bad, b"").unwrap_err().to_string(),
+            "parameter \"fallback\" must be true or false"
+        );
         let bad = r#"{"inputs":[],"parameters":{"max_det":2.5}}"#;
         assert!(request(bad, b"")
             .unwrap_err()

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod raw;
+pub mod repo;
 pub mod server;
 
 use std::path::{Path, PathBuf};
