@@ -13,7 +13,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 ./scripts/setup.sh
-tools="$root/.cache/cargo-fuzz"
+# Kept per user, outside the checkout, like `cargo install`'s own tools: a fresh clone (CI's)
+# on the same machine does not build it again.
+tools="${PEREGRINE_TOOLS_DIR:-$HOME/.cache/peregrine-tools}/cargo-fuzz"
 if [ ! -x "$tools/bin/cargo-fuzz" ]; then
     cargo install cargo-fuzz --version 0.13.2 --locked --root "$tools"
 fi

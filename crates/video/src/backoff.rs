@@ -10,7 +10,11 @@
 //! answer at all (no refusal), so an attempt hangs until its limit: right after an outage
 //! begins the limit is short (`first_connect_timeout`), so the camera is found soon after
 //! it returns, and each attempt that hangs doubles it up to the stream's connect timeout,
-//! so a slow camera far away still gets through.
+//! so a slow camera far away still gets through. The first frame of a connection has the
+//! same kind of limit (`first_frame_timeout`): a camera that opened but sends nothing is
+//! tried again soon, and each attempt that stays silent doubles the limit up to the
+//! stream's frame timeout, so a camera that starts with a long wait for its key frame
+//! still gets through.
 //!
 //! Pure arithmetic: the time and the randomness are passed in, so the schedule is
 //! unit-tested exactly.
@@ -40,6 +44,10 @@ pub struct BackoffPolicy {
     /// Limit on opening for the first attempt of an outage; doubled by each attempt that
     /// hangs, up to the stream's connect timeout. Zero: always the connect timeout.
     pub first_connect_timeout: Duration,
+    /// Limit on a connection's first frame, after an outage; doubled by each attempt that
+    /// opened but stayed silent, up to the stream's frame timeout. Zero: always the frame
+    /// timeout.
+    pub first_frame_timeout: Duration,
 }
 
 impl Default for BackoffPolicy {
@@ -54,6 +62,10 @@ impl Default for BackoffPolicy {
             // A camera on its network answers within milliseconds; RTSP's DESCRIBE, SETUP
             // and PLAY take well under a second even on a busy one.
             first_connect_timeout: Duration::from_secs(2),
+            // A camera streams within a frame or two of PLAY; measured on GStreamer's RTSP
+            // server, one fresh start in twenty sent nothing on its first connection
+            // (docs/benchmarks.md, issue 22).
+            first_frame_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -84,13 +96,13 @@ impl Backoff {
     /// The limit on opening for the next attempt, at most `cap` (the stream's connect
     /// timeout).
     pub fn connect_timeout(&self, cap: Duration) -> Duration {
-        let first = self.policy.first_connect_timeout;
-        if first.is_zero() {
-            return cap;
-        }
-        let exponent = i32::try_from(self.hung).unwrap_or(i32::MAX).min(32);
-        Duration::try_from_secs_f64(first.as_secs_f64() * 2f64.powi(exponent))
-            .map_or(cap, |limit| limit.min(cap))
+        doubled(self.policy.first_connect_timeout, self.hung, cap)
+    }
+
+    /// The limit on the next connection's first frame, at most `cap` (the stream's frame
+    /// timeout).
+    pub fn first_frame_timeout(&self, cap: Duration) -> Duration {
+        doubled(self.policy.first_frame_timeout, self.answered, cap)
     }
 
     /// Failed attempts counted since the last working connection.
@@ -166,6 +178,15 @@ impl Backoff {
     }
 }
 
+/// `first` doubled `times` times, at most `cap`; `cap` when `first` is zero.
+fn doubled(first: Duration, times: u32, cap: Duration) -> Duration {
+    if first.is_zero() {
+        return cap;
+    }
+    let exponent = i32::try_from(times).unwrap_or(i32::MAX).min(32);
+    Duration::try_from_secs_f64(first.as_secs_f64() * 2f64.powi(exponent)).map_or(cap, |limit| limit.min(cap))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +200,7 @@ mod tests {
             jitter: 0.5,
             min_connection_interval: Duration::from_secs(3),
             first_connect_timeout: Duration::from_secs(2),
+            first_frame_timeout: Duration::from_secs(1),
         }
     }
 
@@ -350,5 +372,21 @@ mod tests {
         };
         assert_eq!(Backoff::new(off).connect_timeout(ms(7000)), ms(7000));
         assert_eq!(Backoff::new(policy()).connect_timeout(ms(500)), ms(500));
+    }
+
+    #[test]
+    fn silent_connections_double_the_first_frame_limit_until_one_works() {
+        let cap = Duration::from_secs(5);
+        let t0 = Instant::now();
+        let mut b = Backoff::new(policy());
+        let mut limits = vec![b.first_frame_timeout(cap)];
+        for _ in 0..3 {
+            b.after_answered(t0, t0, 0.5);
+            limits.push(b.first_frame_timeout(cap));
+        }
+        let got: Vec<u128> = limits.iter().map(Duration::as_millis).collect();
+        assert_eq!(got, [1000, 2000, 4000, 5000]);
+        b.after_working(t0, t0, 0.5);
+        assert_eq!(b.first_frame_timeout(cap), ms(1000));
     }
 }

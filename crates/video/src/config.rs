@@ -134,6 +134,7 @@ pub struct BackoffConfig {
     pub jitter: f64,
     pub min_connection_interval_ms: u64,
     pub first_connect_timeout_ms: u64,
+    pub first_frame_timeout_ms: u64,
 }
 
 impl Default for BackoffConfig {
@@ -147,6 +148,7 @@ impl Default for BackoffConfig {
             jitter: p.jitter,
             min_connection_interval_ms: p.min_connection_interval.as_millis() as u64,
             first_connect_timeout_ms: p.first_connect_timeout.as_millis() as u64,
+            first_frame_timeout_ms: p.first_frame_timeout.as_millis() as u64,
         }
     }
 }
@@ -161,6 +163,7 @@ impl From<&BackoffConfig> for BackoffPolicy {
             jitter: c.jitter,
             min_connection_interval: Duration::from_millis(c.min_connection_interval_ms),
             first_connect_timeout: Duration::from_millis(c.first_connect_timeout_ms),
+            first_frame_timeout: Duration::from_millis(c.first_frame_timeout_ms),
         }
     }
 }

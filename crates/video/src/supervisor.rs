@@ -67,6 +67,13 @@ enum Ended {
     },
 }
 
+/// How long one attempt may wait to open, and then for its first frame.
+#[derive(Debug, Clone, Copy)]
+struct AttemptLimits {
+    connect: Duration,
+    first_frame: Duration,
+}
+
 /// How far a failed attempt got, which decides the delay before the next one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reached {
@@ -88,11 +95,14 @@ impl Supervisor {
             self.status.set(StreamStatus::Connecting {
                 attempt: backoff.failures() + 1,
             });
-            let connect_timeout = backoff.connect_timeout(self.config.connect_timeout);
+            let limits = AttemptLimits {
+                connect: backoff.connect_timeout(self.config.connect_timeout),
+                first_frame: backoff.first_frame_timeout(self.config.frame_timeout),
+            };
             let ended = tokio::select! {
                 biased;
                 _ = stop_requested(&mut shutdown) => break "removed".to_string(),
-                ended = self.run_once(connect_timeout) => ended,
+                ended = self.run_once(limits) => ended,
             };
             let (error, started, reached) = match ended {
                 Ended::EndOfStream => break "end of stream".to_string(),
@@ -137,11 +147,11 @@ impl Supervisor {
         self.worker.shut_down().await;
     }
 
-    async fn run_once(&mut self, connect_timeout: Duration) -> Ended {
+    async fn run_once(&mut self, limits: AttemptLimits) -> Ended {
         let started = Instant::now();
         let epoch_before = self.worker.epoch();
         let mut opened = false;
-        match self.stream(connect_timeout, &mut opened).await {
+        match self.stream(limits, &mut opened).await {
             Ok(()) => Ended::EndOfStream,
             Err(error) => {
                 // Only a picture from a decoder this connection opened shows it worked.
@@ -164,24 +174,28 @@ impl Supervisor {
         }
     }
 
-    /// Opens the source within `connect_timeout` (setting `opened` once it has) and hands
-    /// its frames to the decoder until it fails or ends.
-    async fn stream(&mut self, connect_timeout: Duration, opened: &mut bool) -> Result<(), SourceError> {
+    /// Opens the source within its limit (setting `opened` once it has) and hands its frames
+    /// to the decoder until it fails or ends.
+    async fn stream(&mut self, limits: AttemptLimits, opened: &mut bool) -> Result<(), SourceError> {
         let timeout_ms = |d: Duration| d.as_millis() as u64;
-        let mut source = tokio::time::timeout(connect_timeout, self.opener.open())
+        let mut source = tokio::time::timeout(limits.connect, self.opener.open())
             .await
             .map_err(|_| SourceError::Timeout {
                 what: CONNECTING,
-                after_ms: timeout_ms(connect_timeout),
+                after_ms: timeout_ms(limits.connect),
             })??;
         *opened = true;
         if let Some(p) = source.parameters() {
             self.worker.open(p.decoder.clone()).await?;
         }
-        let frame_timeout = self.config.frame_timeout;
         let live = source.is_live();
         let mut streaming = false;
         loop {
+            let frame_timeout = if streaming {
+                self.config.frame_timeout
+            } else {
+                limits.first_frame
+            };
             let next = tokio::time::timeout(frame_timeout, source.next_frame())
                 .await
                 .map_err(|_| SourceError::Timeout {
@@ -420,6 +434,7 @@ mod tests {
             jitter: 0.0,
             min_connection_interval: Duration::from_secs(1),
             first_connect_timeout: Duration::from_millis(500),
+            first_frame_timeout: Duration::from_millis(400),
         }
     }
 
@@ -591,10 +606,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_camera_back_from_an_outage_but_silent_at_first_is_retried_soon() {
         // Refused four times (the outage), then a connection that opens but stays silent
-        // past the frame timeout (1 s; the camera is still starting its encoder), then one
-        // that streams: the silent one proves the camera answers, so the next attempt
-        // comes after `initial` (100 ms), not after the outage's grown delay (1600 ms,
-        // capped at 800).
+        // past its first-frame limit (400 ms; the camera is still starting its encoder),
+        // then one that streams: the silent one proves the camera answers, so the next
+        // attempt comes after `initial` (100 ms), held to the rate cap (1 s from its
+        // start), not after the outage's grown delay (1600 ms, capped at 800) on top of
+        // the whole frame timeout.
         let refuse = Attempt::Refuse;
         let h = start(vec![
             refuse,
@@ -605,7 +621,30 @@ mod tests {
             stream(5, Then::Hang),
         ])
         .await;
-        assert_eq!(h.gaps_of_first(6).await, [100, 200, 400, 800, 1000 + 100]);
+        assert_eq!(h.gaps_of_first(6).await, [100, 200, 400, 800, 1000]);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_camera_slow_to_send_its_first_frame_gets_a_longer_limit_next_time() {
+        // Frames 600 ms apart: past the first limit (400 ms), so the first attempt ends
+        // silent and the next begins 1 s after it (the rate cap); its limit is doubled
+        // (800 ms), the first frame arrives, and the stream stays up on that connection.
+        let slow = Attempt::Stream {
+            frames: 5,
+            interval: Duration::from_millis(600),
+            then: Then::Hang,
+        };
+        let h = start(vec![slow]).await;
+        assert_eq!(h.gaps_of_first(2).await, [1000]);
+        while h.counters.snapshot().frames_received < 5 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            h.opener.attempt_times().len(),
+            2,
+            "one silent attempt, then one that streamed"
+        );
         h.stop().await;
     }
 
