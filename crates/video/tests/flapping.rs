@@ -148,9 +148,10 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn a_flapping_camera_is_found_again_after_every_restart() {
     let recoveries = flap(&[Duration::from_secs(3); 5]).await;
     for (i, r) in recoveries.iter().enumerate() {
-        // A sanity bound only (the real figures are the benchmark's): above the default
-        // connect timeout (10 s) plus a retry, which one restart in 20 has needed.
-        assert!(r.from_ready < Duration::from_secs(20), "restart {i}: {r:?}");
+        // A bound with room for a loaded CI machine (the real figures are the benchmark's):
+        // the defaults' worst restart is a first connection that stays silent for its
+        // first-frame limit (2 s), then the rate cap's wait and a working attempt.
+        assert!(r.from_ready < Duration::from_secs(10), "restart {i}: {r:?}");
     }
 }
 
