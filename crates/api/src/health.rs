@@ -60,6 +60,12 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let gauges: Vec<(&str, &str, VersionGauges)> =
         engines.map(|e| (e.name(), e.version(), e.gauges())).collect();
     write_version_gauges(&mut text, &gauges);
+    if let Some(gpu) = state.gpu.clone() {
+        // A few driver calls per GPU: off the async workers.
+        if let Ok(readings) = tokio::task::spawn_blocking(move || gpu.read()).await {
+            crate::gpu_metrics::write_gpu_gauges(&mut text, &readings);
+        }
+    }
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         text,

@@ -32,6 +32,7 @@ mod fallback;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gpu_metrics;
 pub mod grpc;
 mod health;
 mod kserve;
@@ -84,6 +85,8 @@ pub struct AppState {
     pub drain: Arc<drain::Drain>,
     /// Who may call what (API keys; [`access::Access::anonymous`] when off).
     pub access: access::Access,
+    /// The GPUs' figures for `/metrics` (`None`: no NVIDIA driver, no gauges).
+    pub gpu: Option<Arc<gpu_metrics::GpuTelemetry>>,
 }
 
 impl AppState {

@@ -58,6 +58,12 @@ pub trait Backend: Send {
         false
     }
 
+    /// Runs of one batch size before a run costs what later ones will: two by default (the
+    /// first may pay one-time setup), more for a session that captures a CUDA graph.
+    fn warm_up_runs(&self) -> usize {
+        2
+    }
+
     /// [`Backend::run`], with the slots listed in `jpegs` given as JPEG files to decode and
     /// letterbox on the device (their part of the input buffer is not read). Only for
     /// backends whose [`Backend::decodes_jpeg`] is true; others accept an empty list only.
@@ -159,6 +165,14 @@ impl Backend for PerBatchSize {
 
     fn decodes_jpeg(&self) -> bool {
         self.sessions.iter().all(|(_, b)| b.decodes_jpeg())
+    }
+
+    fn warm_up_runs(&self) -> usize {
+        self.sessions
+            .iter()
+            .map(|(_, b)| b.warm_up_runs())
+            .max()
+            .unwrap_or(2)
     }
 
     fn run_with_jpegs(

@@ -9,6 +9,7 @@ use ort::value::{TensorElementType, TensorValueTypeMarker, Value, ValueType};
 use peregrine_types::model::ElementType;
 use peregrine_types::{Dim, ModelDescription, TensorDescription};
 
+use crate::cuda::capture::{self, CaptureTurns};
 use crate::cuda::jpeg::ColourConversion;
 use crate::device_io::DeviceIo;
 use crate::staging::{Element, Staging};
@@ -106,10 +107,20 @@ pub struct OrtBackend {
     description: ModelDescription,
     io: Io,
     profiling: bool,
+    /// Whether the session runs on a GPU (and so calls CUDA on the running thread).
+    gpu: bool,
+    /// Whether the session captures its runs as a CUDA graph.
+    cuda_graph: bool,
+    /// Which runs hold the process-wide capture turn (see [`capture`]).
+    capture_turns: CaptureTurns,
 }
 
 impl Drop for OrtBackend {
     fn drop(&mut self) {
+        if self.gpu {
+            // Freeing device memory is a call another thread's capture must not see.
+            capture::isolate_this_thread();
+        }
         if self.profiling {
             match self.session.end_profiling() {
                 Ok(file) => tracing::info!(%file, "ONNX Runtime profile written"),
@@ -134,6 +145,11 @@ fn load_err(e: impl std::fmt::Display) -> BackendError {
 impl OrtBackend {
     /// Builds a session from an in-memory ONNX model.
     pub fn from_bytes(model: &[u8], config: &SessionConfig) -> Result<Self, BackendError> {
+        if config.provider != ExecutionProvider::Cpu {
+            // Building a session allocates device memory: unsafe beside another thread's
+            // graph capture unless this thread is isolated from it.
+            capture::isolate_this_thread();
+        }
         let env = runtime::environment(config.runtime_path.as_deref())?;
         let mut builder = Session::builder(&env)
             .map_err(load_err)?
@@ -193,6 +209,9 @@ impl OrtBackend {
             description,
             io,
             profiling: config.profile.is_some(),
+            gpu: device.is_some(),
+            cuda_graph,
+            capture_turns: CaptureTurns::new(cuda_graph),
         })
     }
 
@@ -234,6 +253,17 @@ impl OrtBackend {
         let bytes = std::fs::read(path)
             .map_err(|e| BackendError::ModelLoad(format!("cannot read {}: {e}", path.display())))?;
         Self::from_bytes(&bytes, config)
+    }
+}
+
+impl OrtBackend {
+    /// Readies the calling thread for a run: isolated from other threads' graph captures
+    /// when on a GPU, and holding the capture turn while this session's graph is captured.
+    fn prepare_run(&mut self) -> Option<std::sync::MutexGuard<'static, ()>> {
+        if self.gpu {
+            capture::isolate_this_thread();
+        }
+        self.capture_turns.take()
     }
 }
 
@@ -351,12 +381,17 @@ impl Backend for OrtBackend {
         matches!(&self.io, Io::Device(d) if d.decodes_jpeg())
     }
 
+    fn warm_up_runs(&self) -> usize {
+        CaptureTurns::warm_up_runs(self.cuda_graph)
+    }
+
     fn run_with_jpegs(
         &mut self,
         shape: [usize; 4],
         jpegs: &[JpegSlot<'_>],
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
+        let _turn = self.prepare_run();
         match &mut self.io {
             Io::Device(d) => d.run_with_jpegs(&mut self.session, shape, jpegs, output),
             Io::Staged(_) => crate::run_without_jpegs(self, shape, jpegs, output),
@@ -364,6 +399,7 @@ impl Backend for OrtBackend {
     }
 
     fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
+        let _turn = self.prepare_run();
         let staging = match &mut self.io {
             Io::Staged(s) => s,
             Io::Device(d) => return d.run(&mut self.session, shape, output),

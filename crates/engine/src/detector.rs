@@ -115,6 +115,12 @@ impl Detector {
         })
     }
 
+    /// Runs of each batch size before one costs what later runs will (see
+    /// [`peregrine_backend::Backend::warm_up_runs`]).
+    pub fn warm_up_runs(&self) -> usize {
+        self.backend.warm_up_runs().max(1)
+    }
+
     /// Whether JPEG slots ([`Slot::Jpeg`]) are decoded on the device.
     pub fn decodes_jpeg(&self) -> bool {
         self.backend.decodes_jpeg() && self.spec.input_form == InputForm::InterleavedU8

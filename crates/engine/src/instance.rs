@@ -115,8 +115,8 @@ fn note_single_run(shared: &Shared, costs: &[(usize, std::time::Duration)]) {
     }
 }
 
-/// Runs each batch size twice on gray images so the first real request pays no warm-up.
-/// Returns what each size's second run took.
+/// Runs each batch size on gray images until it is warm (twice, or through a CUDA graph's
+/// capture) so the first real request pays no warm-up. Returns what each size's last run took.
 fn warm_up(
     detector: &mut Detector,
     spec: &DetectorSpec,
@@ -136,11 +136,15 @@ fn warm_up(
         params: params.clone(),
     };
     let mut costs = Vec::with_capacity(sizes.len());
+    let runs = detector.warm_up_runs();
     for &n in sizes {
         let batch = vec![canvas_slot.clone(); n];
-        // The first run of a size can pay a one-time setup (a session of its own per size
-        // on GPUs: seconds); the second is what the size costs, and seeds the estimator.
-        detector.run_prepared(&batch)?;
+        // The first runs of a size can pay a one-time setup (a session of its own per size
+        // on GPUs: seconds; a CUDA graph's capture); the last is what the size costs, and
+        // seeds the estimator.
+        for _ in 1..runs {
+            detector.run_prepared(&batch)?;
+        }
         let (_, t) = detector.run_prepared(&batch)?;
         costs.push((n, t.total()));
     }

@@ -72,9 +72,10 @@ struct Measured {
     post: Duration,
 }
 
-/// Runs `inputs` on `detector` (two unmeasured runs first) for `seconds`.
+/// Runs `inputs` on `detector` (its warm-up runs unmeasured first: two, or through a CUDA
+/// graph's capture) for `seconds`.
 fn measure(detector: &mut peregrine_engine::Detector, inputs: &[Slot], seconds: f64) -> Result<Measured> {
-    for _ in 0..2 {
+    for _ in 0..detector.warm_up_runs() {
         detector.run_prepared(inputs)?;
     }
     let mut m = Measured {

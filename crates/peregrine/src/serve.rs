@@ -97,6 +97,20 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<tokio::net::TcpListen
         .with_context(|| format!("listening for {what} on {address}"))
 }
 
+/// NVML's view of the GPUs for `/metrics`, where there is an NVIDIA driver.
+fn gpu_telemetry() -> Option<Arc<peregrine_api::gpu_metrics::GpuTelemetry>> {
+    match peregrine_api::gpu_metrics::GpuTelemetry::open() {
+        Ok(t) => {
+            tracing::info!(gpus = t.devices(), "GPU telemetry on /metrics (NVML)");
+            Some(Arc::new(t))
+        }
+        Err(reason) => {
+            tracing::debug!(%reason, "no GPU telemetry");
+            None
+        }
+    }
+}
+
 async fn serve(s: ServeSettings) -> Result<ExitCode> {
     // Before anything starts: a server that may not listen as configured stops here.
     let access = s.auth.access(&s.host)?;
@@ -120,6 +134,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         metrics,
         drain: drain.clone(),
         access,
+        gpu: gpu_telemetry(),
     };
     let tls = s.tls.start()?;
     let (listener, grpc_listener) = listen(&s, tls.is_some()).await?;

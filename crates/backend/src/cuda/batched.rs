@@ -28,6 +28,13 @@ const ROOM_STEP: usize = 256;
 /// larger images still decode, with nvJPEG allocating for them itself as it would without
 /// pre-allocation.
 pub(crate) const MAX_ROOM_PIXELS: usize = 2048 * 2048;
+/// The least room a state is given (a 1080p frame, rounded up): made at the warm-up, so that
+/// camera-sized images never re-allocate a state while traffic flows (re-allocation frees
+/// device memory, and `cudaFree` waits for the whole device).
+const MIN_ROOM: Room = Room {
+    width: 2048,
+    height: 1280,
+};
 
 /// The image size a state's pre-allocated buffers hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -41,7 +48,10 @@ impl Room {
     /// that would take it past `MAX_ROOM_PIXELS`; `None` when `self` already covers them.
     pub fn grown_for(self, sizes: impl IntoIterator<Item = (usize, usize)>) -> Option<Room> {
         let step = |v: usize| v.div_ceil(ROOM_STEP) * ROOM_STEP;
-        let mut room = self;
+        let mut room = Room {
+            width: self.width.max(MIN_ROOM.width),
+            height: self.height.max(MIN_ROOM.height),
+        };
         for (w, h) in sizes {
             let candidate = Room {
                 width: room.width.max(step(w)),
@@ -183,34 +193,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn room_grows_in_steps_to_the_largest_image_and_stops_at_the_cap() {
+    fn room_starts_at_a_1080p_frame_grows_in_steps_and_stops_at_the_cap() {
         let none = Room::default();
+        // Any first image gets the least room, a 1080p frame's.
+        assert_eq!(none.grown_for([(640, 640)]), Some(MIN_ROOM));
         let room = none.grown_for([(810, 1080), (1280, 720)]).unwrap();
-        assert_eq!(
-            room,
-            Room {
-                width: 1280,
-                height: 1280
-            }
-        );
+        assert_eq!(room, MIN_ROOM);
         // Covered already: nothing to do, so the state is not re-initialised.
-        assert_eq!(room.grown_for([(1000, 1000), (1280, 1280)]), None);
+        assert_eq!(room.grown_for([(1000, 1000), (1920, 1080)]), None);
         assert_eq!(
-            room.grown_for([(1300, 10)]),
+            room.grown_for([(10, 1300)]),
             Some(Room {
-                width: 1536,
-                height: 1280
+                width: 2048,
+                height: 1536
             })
         );
         // A 4000x3000 photo would need 12 MP of room per image: skipped, the others count.
         let grown = none.grown_for([(4000, 3000), (500, 300)]).unwrap();
-        assert_eq!(
-            grown,
-            Room {
-                width: 512,
-                height: 512
-            }
-        );
+        assert_eq!(grown, MIN_ROOM);
         assert_eq!(
             Room {
                 width: 2048,

@@ -523,11 +523,26 @@ fn upload_colour_tables(stream: &Stream) -> Result<DeviceBuffer, CudaError> {
 }
 
 /// Replaces `buffer` with a larger one when it holds fewer than `bytes`.
+/// Makes `buffer` hold at least `bytes` of one image's pixels, re-allocating only when it
+/// is too small, to [`image_capacity`].
 fn grow(buffer: &mut DeviceBuffer, bytes: usize) -> Result<(), CudaError> {
     if buffer.len() < bytes {
-        *buffer = DeviceBuffer::new(bytes)?;
+        *buffer = DeviceBuffer::new(image_capacity(bytes))?;
     }
     Ok(())
+}
+
+/// Bytes of the smallest per-image buffer: a 1920x1088 image's three full planes (or RGB),
+/// so that camera-sized JPEGs (up to 1080p) never make a buffer grow after the warm-up.
+const MIN_IMAGE_BYTES: usize = 1920 * 1088 * 3;
+
+/// How much to allocate for an image of `bytes`: at least [`MIN_IMAGE_BYTES`], and a power
+/// of two above that, so a buffer grows a few times at most. Growing frees the old buffer,
+/// and `cudaFree` waits for the whole device: every instance's work stalls behind it. With
+/// exact sizes, each of 8 instances' buffers grew at every larger image for the first
+/// minute of traffic, which was the server's warm-up tail (docs/benchmarks.md).
+fn image_capacity(bytes: usize) -> usize {
+    bytes.max(MIN_IMAGE_BYTES).next_power_of_two()
 }
 
 /// Refuses a slot whose image does not fit its canvas or whose tables do not fit its size.
@@ -550,4 +565,18 @@ fn check_geometry(s: &JpegSlot<'_>, canvas_width: usize, canvas_height: usize) -
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_buffers_hold_a_1080p_frame_at_least_and_grow_by_doubling() {
+        assert_eq!(image_capacity(1), 8 << 20);
+        assert_eq!(image_capacity(640 * 640 * 3), 8 << 20);
+        assert!(image_capacity(1920 * 1080 * 3) >= 1920 * 1080 * 3);
+        assert_eq!(image_capacity(3000 * 2000 * 3), 32 << 20);
+        assert_eq!(image_capacity(32 << 20), 32 << 20);
+    }
 }

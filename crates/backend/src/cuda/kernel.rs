@@ -12,8 +12,9 @@
 //! Given the same IDCT output, canvases made on the GPU are the CPU's, bit for bit.
 
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use super::ffi::Handle;
+use super::ffi::{Api, Handle};
 use super::{api, CudaError, Stream};
 
 /// `ChromaSubsampling` as the kernel numbers it.
@@ -144,67 +145,91 @@ impl Drop for ImageKernels {
     }
 }
 
+/// PTX already compiled in this process, by compute capability. Every GPU JPEG decoder
+/// (one per session: instances x batch sizes, 24 for 8 instances and 3 sizes) needs the
+/// same kernels; NVRTC runs once and each decoder only loads the result.
+static PTX: Mutex<Vec<(ComputeCapability, Arc<Vec<u8>>)>> = Mutex::new(Vec::new());
+
+/// A GPU's compute capability, major and minor.
+type ComputeCapability = (i32, i32);
+
+/// The kernels' PTX for compute capability `major.minor`, compiled on first use.
+fn ptx_for(major: i32, minor: i32) -> Result<Arc<Vec<u8>>, CudaError> {
+    // Held while compiling, so that decoders built at once compile only once.
+    let mut cache = PTX.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, ptx)) = cache.iter().find(|(arch, _)| *arch == (major, minor)) {
+        return Ok(ptx.clone());
+    }
+    let ptx = Arc::new(compile_ptx(api()?, major, minor)?);
+    cache.push(((major, minor), ptx.clone()));
+    Ok(ptx)
+}
+
+/// Runs NVRTC over the kernels' source for `compute_{major}{minor}`.
+fn compile_ptx(api: &Api, major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
+    let nvrtc = |what: &str, code: i32| {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(CudaError(format!("{what}: NVRTC error {code}")))
+        }
+    };
+    let source = CString::new(SOURCE).expect("no NUL in the source");
+    let name = CString::new("image_kernels.cu").expect("no NUL");
+    let mut program: Handle = std::ptr::null_mut();
+    // SAFETY: creates a program from NUL-terminated strings; no headers.
+    nvrtc("nvrtcCreateProgram", unsafe {
+        (api.nvrtc_create_program)(
+            &mut program,
+            source.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    })?;
+    let arch = CString::new(format!("--gpu-architecture=compute_{major}{minor}")).expect("no NUL");
+    let options = [arch.as_ptr()];
+    // SAFETY: `program` is live; the options are NUL-terminated strings.
+    let compiled = unsafe { (api.nvrtc_compile_program)(program, options.len() as i32, options.as_ptr()) };
+    let result = if compiled != 0 {
+        let mut size = 0;
+        // SAFETY: reads the log of a live program into a buffer of its size.
+        let log = unsafe {
+            (api.nvrtc_get_program_log_size)(program, &mut size);
+            let mut log = vec![0u8; size.max(1)];
+            (api.nvrtc_get_program_log)(program, log.as_mut_ptr().cast());
+            String::from_utf8_lossy(&log).trim_end_matches('\0').to_string()
+        };
+        Err(CudaError(format!(
+            "compiling the image kernels: NVRTC error {compiled}: {log}"
+        )))
+    } else {
+        let mut size = 0;
+        // SAFETY: as above, for the PTX.
+        unsafe {
+            nvrtc("nvrtcGetPTXSize", (api.nvrtc_get_ptx_size)(program, &mut size))?;
+            let mut ptx = vec![0u8; size.max(1)];
+            nvrtc(
+                "nvrtcGetPTX",
+                (api.nvrtc_get_ptx)(program, ptx.as_mut_ptr().cast()),
+            )?;
+            Ok(ptx)
+        }
+    };
+    // SAFETY: destroys the program once.
+    unsafe { (api.nvrtc_destroy_program)(&mut program) };
+    result
+}
+
 impl ImageKernels {
-    /// Compiles the kernels for compute capability `major.minor` and loads it into the
-    /// calling thread's current context.
+    /// Compiles the kernels for compute capability `major.minor` (once per process: see
+    /// [`ptx_for`]) and loads them into the calling thread's current context.
     pub fn compile(major: i32, minor: i32) -> Result<Self, CudaError> {
         let api = api()?;
         // SAFETY: cuInit may be called any number of times.
         driver_check("cuInit", unsafe { (api.cu_init)(0) })?;
-        let nvrtc = |what: &str, code: i32| {
-            if code == 0 {
-                Ok(())
-            } else {
-                Err(CudaError(format!("{what}: NVRTC error {code}")))
-            }
-        };
-        let source = CString::new(SOURCE).expect("no NUL in the source");
-        let name = CString::new("image_kernels.cu").expect("no NUL");
-        let mut program: Handle = std::ptr::null_mut();
-        // SAFETY: creates a program from NUL-terminated strings; no headers.
-        nvrtc("nvrtcCreateProgram", unsafe {
-            (api.nvrtc_create_program)(
-                &mut program,
-                source.as_ptr(),
-                name.as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        })?;
-        let arch = CString::new(format!("--gpu-architecture=compute_{major}{minor}")).expect("no NUL");
-        let options = [arch.as_ptr()];
-        // SAFETY: `program` is live; the options are NUL-terminated strings.
-        let compiled =
-            unsafe { (api.nvrtc_compile_program)(program, options.len() as i32, options.as_ptr()) };
-        let result = if compiled != 0 {
-            let mut size = 0;
-            // SAFETY: reads the log of a live program into a buffer of its size.
-            let log = unsafe {
-                (api.nvrtc_get_program_log_size)(program, &mut size);
-                let mut log = vec![0u8; size.max(1)];
-                (api.nvrtc_get_program_log)(program, log.as_mut_ptr().cast());
-                String::from_utf8_lossy(&log).trim_end_matches('\0').to_string()
-            };
-            Err(CudaError(format!(
-                "compiling the image kernels: NVRTC error {compiled}: {log}"
-            )))
-        } else {
-            let mut size = 0;
-            // SAFETY: as above, for the PTX.
-            unsafe {
-                nvrtc("nvrtcGetPTXSize", (api.nvrtc_get_ptx_size)(program, &mut size))?;
-                let mut ptx = vec![0u8; size.max(1)];
-                nvrtc(
-                    "nvrtcGetPTX",
-                    (api.nvrtc_get_ptx)(program, ptx.as_mut_ptr().cast()),
-                )?;
-                Ok(ptx)
-            }
-        };
-        // SAFETY: destroys the program once.
-        unsafe { (api.nvrtc_destroy_program)(&mut program) };
-        let ptx = result?;
+        let ptx = ptx_for(major, minor)?;
         let mut module: Handle = std::ptr::null_mut();
         // SAFETY: `ptx` is NUL-terminated PTX text, JIT-compiled by the driver.
         driver_check("cuModuleLoadData", unsafe {

@@ -7,6 +7,7 @@
 //! symbol is an error that names it.
 
 mod batched;
+pub mod capture;
 mod ffi;
 pub mod jpeg;
 mod kernel;
@@ -25,8 +26,10 @@ pub struct CudaError(pub String);
 
 static API: OnceLock<Result<Api, String>> = OnceLock::new();
 
-/// The loaded libraries, or why they could not be loaded.
+/// The loaded libraries, or why they could not be loaded. Every thread that reaches CUDA
+/// through here is first isolated from other threads' graph captures (see [`capture`]).
 pub(crate) fn api() -> Result<&'static Api, CudaError> {
+    capture::isolate_this_thread();
     API.get_or_init(Api::load)
         .as_ref()
         .map_err(|e| CudaError(e.clone()))
