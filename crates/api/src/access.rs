@@ -73,7 +73,8 @@ impl Access {
                 "/v2/repository/index"
                 | "/v2/repository/models/{m}/load"
                 | "/v2/repository/models/{m}/unload"
-                | "/v2/repository/models/{m}/rollout",
+                | "/v2/repository/models/{m}/rollout"
+                | "/debug/pprof/profile",
             ) => Requirement::Scope(Scope::Admin),
             ("POST", "/v1/streams")
             | ("DELETE", "/v1/streams/{name}" | "/v1/events/{id}")
@@ -249,6 +250,7 @@ mod tests {
             "/v2/repository/models/{m}/load",
             "/v2/repository/models/{m}/unload",
             "/v2/repository/models/{m}/rollout",
+            "/debug/pprof/profile",
         ];
         let streams = [
             ("POST", "/v1/streams"),

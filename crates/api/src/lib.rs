@@ -18,6 +18,7 @@
 //! - [`drain`]: shutdown in two steps: new requests refused while admitted ones finish.
 //! - `error`: [`ApiError`], the single mapping from engine and registry errors to HTTP
 //!   status codes and to gRPC codes.
+//! - [`profiling`]: live CPU profiles (`/debug/pprof/profile`, admin, off unless enabled).
 //! - `wire`: request and response bodies.
 //! - `openapi.json`: the API description served at `/openapi.json`.
 
@@ -36,6 +37,7 @@ pub mod grpc;
 mod health;
 mod kserve;
 mod live;
+pub mod profiling;
 mod streams;
 pub mod tls;
 pub mod trace;
@@ -84,6 +86,8 @@ pub struct AppState {
     pub drain: Arc<drain::Drain>,
     /// Who may call what (API keys; [`access::Access::anonymous`] when off).
     pub access: access::Access,
+    /// Live CPU profiles (`None`: profiling is off and its route answers 404).
+    pub profiler: Option<Arc<profiling::Profiler>>,
 }
 
 impl AppState {
@@ -173,6 +177,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events/stream", get(events::stream))
         .route("/v1/events/{id}", get(events::get).delete(events::delete))
         .route("/v1/events/{id}/snapshot.jpg", get(events::snapshot))
+        .route("/debug/pprof/profile", get(profiling::profile))
         .merge(kserve::routes())
         // Matched routes only, so that the middleware sees the route's template.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), access::gate))

@@ -120,6 +120,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         metrics,
         drain: drain.clone(),
         access,
+        profiler: s.profiling.profiler(),
     };
     let tls = s.tls.start()?;
     let (listener, grpc_listener) = listen(&s, tls.is_some()).await?;
