@@ -22,25 +22,10 @@ seconds="${5:-10}"
 imgsz="${6:-320}"
 port="${PORT:-18196}"
 mkdir -p "$out"
-pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
-
-# start NAME PORT [FLAG ...]
-start() {
-    local name="$1" p="$2"
-    shift 2
-    "$bin" serve --host 127.0.0.1 --port "$p" --grpc-port 0 --imgsz "$imgsz" --threads 1 \
-        --log-level warn "$@" 2>"$out/$name.log" &
-    pids+=($!)
-    for _ in $(seq 1 240); do
-        curl -fs "http://127.0.0.1:$p/health/ready" >/dev/null 2>&1 && return 0
-        sleep 0.5
-    done
-    echo "server $name did not become ready; see $out/$name.log" >&2
-    exit 1
-}
-start off "$port"
-start profiling $((port + 1)) --profiling true
+# shellcheck source=scripts/bench-servers.sh
+. "$(dirname "${BASH_SOURCE[0]}")/bench-servers.sh"
+start_server off "$port"
+start_server profiling $((port + 1)) -- --profiling true
 
 bench() {
     "$bin" bench "$images" --url "http://127.0.0.1:$1" --concurrency 4 --duration "$seconds" \

@@ -74,7 +74,8 @@ impl Access {
                 | "/v2/repository/models/{m}/load"
                 | "/v2/repository/models/{m}/unload"
                 | "/v2/repository/models/{m}/rollout"
-                | "/debug/pprof/profile",
+                | "/debug/pprof/profile"
+                | "/debug/pprof/heap",
             ) => Requirement::Scope(Scope::Admin),
             ("POST", "/v1/streams")
             | ("DELETE", "/v1/streams/{name}" | "/v1/events/{id}")
@@ -251,6 +252,7 @@ mod tests {
             "/v2/repository/models/{m}/unload",
             "/v2/repository/models/{m}/rollout",
             "/debug/pprof/profile",
+            "/debug/pprof/heap",
         ];
         let streams = [
             ("POST", "/v1/streams"),

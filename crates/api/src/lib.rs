@@ -18,7 +18,8 @@
 //! - [`drain`]: shutdown in two steps: new requests refused while admitted ones finish.
 //! - `error`: [`ApiError`], the single mapping from engine and registry errors to HTTP
 //!   status codes and to gRPC codes.
-//! - [`profiling`]: live CPU profiles (`/debug/pprof/profile`, admin, off unless enabled).
+//! - [`profiling`]: live CPU profiles (`/debug/pprof/profile`, admin, off unless enabled);
+//!   [`heap`]: glibc's heap totals (`/debug/pprof/heap`, the same gate).
 //! - `wire`: request and response bodies.
 //! - `openapi.json`: the API description served at `/openapi.json`.
 
@@ -35,6 +36,7 @@ mod fallback;
 pub mod fuzzing;
 pub mod grpc;
 mod health;
+pub mod heap;
 mod kserve;
 mod live;
 pub mod profiling;
@@ -178,6 +180,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events/{id}", get(events::get).delete(events::delete))
         .route("/v1/events/{id}/snapshot.jpg", get(events::snapshot))
         .route("/debug/pprof/profile", get(profiling::profile))
+        .route("/debug/pprof/heap", get(heap::heap))
         .merge(kserve::routes())
         // Matched routes only, so that the middleware sees the route's template.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), access::gate))

@@ -128,6 +128,12 @@ async fn a_profile_under_load_names_the_detector_functions() {
     let (status, content_type, body) = pprof;
     assert_eq!((status, content_type.as_str()), (200, "application/octet-stream"));
     assert!(body.len() > 100, "a pprof protobuf of {} bytes", body.len());
+
+    let (status, _, body) = get(&server.url("/debug/pprof/heap")).await;
+    let heap: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 200, "{heap}");
+    // The model's weights and ONNX Runtime's arena alone are tens of megabytes.
+    assert!(heap["in_use_bytes"].as_u64().unwrap() > 20 << 20, "{heap}");
 }
 
 /// Every `peregrine_*` name in `text`, histogram series folded into their family.
@@ -158,6 +164,7 @@ async fn the_dashboard_and_alerts_name_only_exported_metrics_and_answers_carry_t
     let (status, _, body) = get(&server.url("/debug/pprof/profile?seconds=1")).await;
     assert_eq!(status, 404);
     assert!(String::from_utf8_lossy(&body).contains("profiling is off"));
+    assert_eq!(get(&server.url("/debug/pprof/heap")).await.0, 404);
 
     let client = reqwest::Client::new();
     let answer: Value = post_image(&client, &server.url("/v1/detect"), image_bytes("bus.jpg"), &[])

@@ -152,6 +152,11 @@ async fn start_up_serves_the_latest_version_and_a_load_swaps_in_a_new_one() {
     assert_eq!((report.loaded, report.unchanged), (vec![], vec![3]));
 }
 
+fn set_modified(path: &Path, at: std::time::SystemTime) {
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_modified(at).unwrap();
+}
+
 /// The index's fingerprint of `name` version `version`.
 async fn indexed_sha256(registry: &ModelRegistry, name: &str, version: u64) -> Option<Fingerprint> {
     let index = registry.index(false).await.unwrap();
@@ -179,12 +184,7 @@ async fn changes_are_detected_by_content_not_by_size_and_time() {
 
     // Touched: a new modification time, the same bytes.
     let later = std::fs::metadata(&file).unwrap().modified().unwrap() + Duration::from_secs(60);
-    std::fs::File::options()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_modified(later)
-        .unwrap();
+    set_modified(&file, later);
     let report = registry.load("det").await.unwrap();
     assert_eq!(
         (report.loaded, report.unchanged),
@@ -194,12 +194,7 @@ async fn changes_are_detected_by_content_not_by_size_and_time() {
 
     // Replaced by other bytes of the same size, given the old modification time.
     repo.put("det", 1, "OK");
-    std::fs::File::options()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_modified(later)
-        .unwrap();
+    set_modified(&file, later);
     let report = registry.load("det").await.unwrap();
     assert_eq!(
         (report.loaded, report.unchanged),
