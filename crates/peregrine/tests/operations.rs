@@ -63,6 +63,18 @@ fn load(
     (answered, tasks)
 }
 
+/// Whether the server handles SIGPROF, the profiler's sampling signal (`SigCgt` in
+/// /proc/PID/status): only while a profile records.
+fn samples_cpu(server: &Server) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let caught = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .expect("a SigCgt line");
+    let mask = u64::from_str_radix(caught.trim(), 16).unwrap();
+    mask & (1 << (libc::SIGPROF - 1)) != 0
+}
+
 async fn get(url: &str) -> (u16, String, Vec<u8>) {
     let r = reqwest::get(url).await.unwrap();
     let status = r.status().as_u16();
@@ -84,6 +96,7 @@ async fn a_profile_under_load_names_the_detector_functions() {
         assert_eq!(status, 400, "{bad}: {}", String::from_utf8_lossy(&body));
     }
 
+    assert!(!samples_cpu(&server), "no profiler before a profile is asked for");
     let stop = Arc::new(AtomicBool::new(false));
     let (answered, loaders) = load(&server, 3, &stop);
     let url = profile("seconds=3&format=svg");
@@ -102,6 +115,7 @@ async fn a_profile_under_load_names_the_detector_functions() {
         );
         tokio::task::yield_now().await;
     }
+    assert!(samples_cpu(&server), "sampling while the profile records");
     let (status, _, body) = get(&profile("seconds=1")).await;
     assert_eq!(status, 409, "a second profile at once is refused");
     assert!(String::from_utf8_lossy(&body).contains("already being recorded"));
@@ -125,6 +139,7 @@ async fn a_profile_under_load_names_the_detector_functions() {
         );
     }
 
+    assert!(!samples_cpu(&server), "no profiler once the profiles are done");
     let (status, content_type, body) = pprof;
     assert_eq!((status, content_type.as_str()), (200, "application/octet-stream"));
     assert!(body.len() > 100, "a pprof protobuf of {} bytes", body.len());
