@@ -327,10 +327,13 @@ impl Owner {
                     state.failed.remove(&v);
                     let previous = state.loaded.insert(v, Loaded { origin, engine });
                     let replaced = previous.as_ref().map(|old| old.origin.fingerprint);
-                    if replaced.is_some_and(|old| old != fingerprint) {
-                        tracing::info!(model = %name, version = v, sha256 = %fingerprint, previous_sha256 = ?replaced, "version reloaded with new weights and warmed up; now serving");
-                    } else {
-                        tracing::info!(model = %name, version = v, sha256 = %fingerprint, "version loaded and warmed up; now serving");
+                    match replaced.filter(|old| *old != fingerprint) {
+                        Some(old) => {
+                            tracing::info!(model = %name, version = v, sha256 = %fingerprint, previous_sha256 = %old, "version reloaded with new weights and warmed up; now serving")
+                        }
+                        None => {
+                            tracing::info!(model = %name, version = v, sha256 = %fingerprint, "version loaded and warmed up; now serving")
+                        }
                     }
                     if let Some(old) = previous {
                         self.retiring.push((name.to_string(), v, old.engine.downgrade()));
