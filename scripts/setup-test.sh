@@ -8,7 +8,9 @@
 # - perf_analyzer 2.60.0 (PyPI) in .cache/perf-analyzer, runnable here through a private
 #   newer glibc (scripts/fetch-perf-analyzer.sh);
 # - the video tests' RTSP server (GStreamer), MQTT broker (mosquitto) and H.265 test clip
-#   (scripts/setup-video-peers.sh).
+#   (scripts/setup-video-peers.sh);
+# - promtool, from Debian's prometheus package, for the alert rules and dashboard queries in
+#   deploy/ (tests/deploy/test_monitoring.py).
 # Idempotent: reinstalls the environment only when the requirements change.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,6 +36,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$tracking"
     echo "$want" >"$stamp"
+fi
+
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "setup-test: installing prometheus (for promtool)" >&2
+    sudo_if_needed apt-get update -qq
+    # Without recommends: promtool comes with the server alone, not its exporters.
+    sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        prometheus >/dev/null
 fi
 
 ./scripts/fetch-perf-analyzer.sh .cache/perf-analyzer >/dev/null

@@ -2,7 +2,8 @@
 # The test suite: every crate's unit tests and the integration tests (which start the real
 # binary and server), then Triton's own clients and perf_analyzer against the real server
 # (tests/triton) and the video pipeline end to end against real cameras and an MQTT broker
-# (tests/video), and the Kubernetes manifests against their schemas (tests/deploy), with the
+# (tests/video), the Kubernetes manifests against their schemas and the alert rules and
+# dashboard queries with promtool (tests/deploy), with the
 # environment scripts/setup-test.sh prepares. Keeps each test
 # binary's and pytest's wall time in target/test-durations.tsv and prints the ten slowest,
 # so CI time can be watched as suites grow. Ends with one summary line,

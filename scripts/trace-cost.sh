@@ -22,26 +22,10 @@ imgsz="${6:-320}"
 port="${PORT:-18096}"
 nobody=$((port + 2))
 mkdir -p "$out"
-pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
-
-# start NAME PORT [VAR=VALUE ...]: a server with the variables given and no other OTEL_*.
-start() {
-    local name="$1" p="$2"
-    shift 2
-    env -u OTEL_EXPORTER_OTLP_ENDPOINT -u OTEL_EXPORTER_OTLP_TRACES_ENDPOINT -u OTEL_TRACES_EXPORTER "$@" \
-        "$bin" serve --host 127.0.0.1 --port "$p" --grpc-port 0 --imgsz "$imgsz" --threads 1 \
-        --log-level warn 2>"$out/$name.log" &
-    pids+=($!)
-    for _ in $(seq 1 240); do
-        curl -fs "http://127.0.0.1:$p/health/ready" >/dev/null 2>&1 && return 0
-        sleep 0.5
-    done
-    echo "server $name did not become ready; see $out/$name.log" >&2
-    exit 1
-}
-start absent "$port"
-start on $((port + 1)) OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$nobody"
+# shellcheck source=scripts/bench-servers.sh
+. "$(dirname "${BASH_SOURCE[0]}")/bench-servers.sh"
+start_server absent "$port"
+start_server on $((port + 1)) OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$nobody"
 
 for r in $(seq 1 "$rounds"); do
     for name in absent on; do

@@ -73,7 +73,9 @@ impl Access {
                 "/v2/repository/index"
                 | "/v2/repository/models/{m}/load"
                 | "/v2/repository/models/{m}/unload"
-                | "/v2/repository/models/{m}/rollout",
+                | "/v2/repository/models/{m}/rollout"
+                | "/debug/pprof/profile"
+                | "/debug/pprof/heap",
             ) => Requirement::Scope(Scope::Admin),
             ("POST", "/v1/streams")
             | ("DELETE", "/v1/streams/{name}" | "/v1/events/{id}")
@@ -249,6 +251,8 @@ mod tests {
             "/v2/repository/models/{m}/load",
             "/v2/repository/models/{m}/unload",
             "/v2/repository/models/{m}/rollout",
+            "/debug/pprof/profile",
+            "/debug/pprof/heap",
         ];
         let streams = [
             ("POST", "/v1/streams"),

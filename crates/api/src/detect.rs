@@ -102,7 +102,12 @@ pub async fn detect(
                 total_ms = total.as_secs_f64() * 1e3,
                 "detected"
             );
-            respond(answer, total)
+            let sha256 = state
+                .registry
+                .snapshot()
+                .fingerprint(answer.engine.name(), answer.engine.version())
+                .map(|fp| fp.hex());
+            respond(answer, sha256, total)
         }
         Err(e) => {
             telemetry::request_finished(&state.default_label(), e.outcome(), total);
@@ -117,7 +122,8 @@ pub async fn detect(
     response
 }
 
-fn respond(answer: Answer, total: Duration) -> Response {
+/// `sha256`: the answering version's weights' digest, from the registry's snapshot.
+fn respond(answer: Answer, sha256: Option<String>, total: Duration) -> Response {
     let names = &answer.engine.spec().names;
     let slowest =
         |f: fn(&ImageResult) -> Duration| answer.results.iter().map(|(_, r)| f(r)).max().unwrap_or_default();
@@ -138,6 +144,7 @@ fn respond(answer: Answer, total: Duration) -> Response {
         Json(SingleResponse {
             model,
             version,
+            sha256,
             result,
         })
         .into_response()
@@ -145,6 +152,7 @@ fn respond(answer: Answer, total: Duration) -> Response {
         Json(BatchResponse {
             model,
             version,
+            sha256,
             results: images,
         })
         .into_response()

@@ -9,6 +9,7 @@ use peregrine_types::ParamsError;
 use peregrine_video::ManagerError;
 use peregrine_vision::DecodeError;
 
+use crate::profiling::ProfileError;
 use crate::wire::{ErrorBody, ErrorDetail};
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +54,8 @@ pub enum ApiError {
     /// Access control refused the request (no key, unknown key, scope, limits).
     #[error(transparent)]
     Denied(#[from] Denial),
+    #[error(transparent)]
+    Profile(#[from] crate::profiling::ProfileError),
 }
 
 impl ApiError {
@@ -86,8 +89,18 @@ impl ApiError {
         }
     }
 
+    fn profile_status(e: &ProfileError) -> StatusCode {
+        match e {
+            ProfileError::Disabled => StatusCode::NOT_FOUND,
+            ProfileError::BadSeconds(_) | ProfileError::BadFormat(_) => StatusCode::BAD_REQUEST,
+            ProfileError::Busy => StatusCode::CONFLICT,
+            ProfileError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
+            Self::Profile(e) => Self::profile_status(e),
             Self::Request(e) | Self::Image { source: e, .. } => Self::request_status(e),
             Self::Params(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -139,6 +152,12 @@ impl ApiError {
             Self::Lookup(_) | Self::NotFound | Self::Missing(_) | Self::EventsOff => Code::NotFound,
             Self::Events(e) if e.is_bad_request() => Code::InvalidArgument,
             Self::Events(_) | Self::Internal(_) => Code::Internal,
+            Self::Profile(e) => match e {
+                ProfileError::Disabled => Code::NotFound,
+                ProfileError::BadSeconds(_) | ProfileError::BadFormat(_) => Code::InvalidArgument,
+                ProfileError::Busy => Code::Aborted,
+                ProfileError::Failed(_) => Code::Internal,
+            },
             Self::Registry(e) => match e {
                 RegistryError::Store(StoreError::InvalidName(_)) => Code::InvalidArgument,
                 RegistryError::Store(StoreError::NotFound { .. }) | RegistryError::NotLoaded { .. } => {
@@ -206,6 +225,10 @@ impl ApiError {
             Self::Internal(_) => "internal",
             Self::NotReady(_) => "not_ready",
             Self::Denied(d) => d.outcome(),
+            Self::Profile(ProfileError::Disabled) => "profiling_off",
+            Self::Profile(ProfileError::BadSeconds(_) | ProfileError::BadFormat(_)) => "bad_request",
+            Self::Profile(ProfileError::Busy) => "profile_running",
+            Self::Profile(ProfileError::Failed(_)) => "profile_failed",
         }
     }
 

@@ -18,6 +18,8 @@
 //! - [`drain`]: shutdown in two steps: new requests refused while admitted ones finish.
 //! - `error`: [`ApiError`], the single mapping from engine and registry errors to HTTP
 //!   status codes and to gRPC codes.
+//! - [`profiling`]: live CPU profiles (`/debug/pprof/profile`, admin, off unless enabled);
+//!   [`heap`]: glibc's heap totals (`/debug/pprof/heap`, the same gate).
 //! - `wire`: request and response bodies.
 //! - `openapi.json`: the API description served at `/openapi.json`.
 
@@ -35,8 +37,10 @@ pub mod fuzzing;
 pub mod gpu_metrics;
 pub mod grpc;
 mod health;
+pub mod heap;
 mod kserve;
 mod live;
+pub mod profiling;
 mod streams;
 pub mod tls;
 pub mod trace;
@@ -87,6 +91,8 @@ pub struct AppState {
     pub access: access::Access,
     /// The GPUs' figures for `/metrics` (`None`: no NVIDIA driver, no gauges).
     pub gpu: Option<Arc<gpu_metrics::GpuTelemetry>>,
+    /// Live CPU profiles (`None`: profiling is off and its route answers 404).
+    pub profiler: Option<Arc<profiling::Profiler>>,
 }
 
 impl AppState {
@@ -176,6 +182,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events/stream", get(events::stream))
         .route("/v1/events/{id}", get(events::get).delete(events::delete))
         .route("/v1/events/{id}/snapshot.jpg", get(events::snapshot))
+        .route("/debug/pprof/profile", get(profiling::profile))
+        .route("/debug/pprof/heap", get(heap::heap))
         .merge(kserve::routes())
         // Matched routes only, so that the middleware sees the route's template.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), access::gate))

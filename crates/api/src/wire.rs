@@ -146,6 +146,9 @@ impl ImageJson {
 pub struct SingleResponse {
     pub model: String,
     pub version: String,
+    /// The SHA-256 (hex) of the weights the version was loaded from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     #[serde(flatten)]
     pub result: ImageJson,
 }
@@ -155,6 +158,9 @@ pub struct SingleResponse {
 pub struct BatchResponse {
     pub model: String,
     pub version: String,
+    /// The SHA-256 (hex) of the weights the version was loaded from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     pub results: Vec<ImageJson>,
 }
 

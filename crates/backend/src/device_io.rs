@@ -169,9 +169,11 @@ impl DeviceIo {
         }
         self.upload(shape, jpegs)?;
         let first_output = {
-            let mut outputs = session
-                .run_binding(&self.binding)
-                .map_err(fail("running the model"))?;
+            let mut outputs = {
+                let _nvtx = crate::nvtx::range(c"session run");
+                session.run_binding(&self.binding)
+            }
+            .map_err(fail("running the model"))?;
             let value = outputs
                 .remove(self.output_name.as_str())
                 .ok_or_else(|| BackendError::Output("the run returned no output".into()))?
@@ -285,6 +287,7 @@ fn copy_to_host(
     bytes: usize,
     stream: &Stream,
 ) -> Result<(), BackendError> {
+    let _nvtx = crate::nvtx::range(c"output copy");
     // SAFETY: both tensors hold `bytes` (same shape and type); the device one was written by
     // the run, which ONNX Runtime has synchronised before returning.
     unsafe {

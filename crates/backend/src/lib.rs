@@ -3,11 +3,14 @@
 //! [`Backend`] is what the engine's model threads call: one batch in, one output tensor out,
 //! blocking. [`OrtBackend`] implements it with ONNX Runtime through the `ort` crate, loading
 //! the runtime library at run time ([`runtime`] finds it and says exactly what to do when it
-//! is missing or too old). Nothing here knows about images or boxes.
+//! is missing or too old). Nothing here knows about images or boxes. [`nvtx`] names the GPU
+//! stages on NVIDIA profilers' timelines when one is attached (one-line guards in `cuda`,
+//! `device_io` and `staging`).
 
 pub mod cuda;
 mod device_io;
 mod error;
+pub mod nvtx;
 mod ort_backend;
 pub mod runtime;
 mod staging;

@@ -166,6 +166,7 @@ impl Staging {
         session: &'s mut Session,
         shape: [usize; 4],
     ) -> Result<ort::session::SessionOutputs<'s>, BackendError> {
+        let _nvtx = crate::nvtx::range(c"session run");
         let n: usize = shape.iter().product();
         if n != self.len {
             return Err(BackendError::InputSize { shape, len: self.len });

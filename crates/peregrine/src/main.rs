@@ -11,6 +11,7 @@ mod loadgen;
 mod model;
 mod model_bench;
 mod otel;
+mod profiling_config;
 mod provider_args;
 mod report;
 mod serve;

@@ -135,6 +135,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         drain: drain.clone(),
         access,
         gpu: gpu_telemetry(),
+        profiler: s.profiling.profiler(),
     };
     let tls = s.tls.start()?;
     let (listener, grpc_listener) = listen(&s, tls.is_some()).await?;

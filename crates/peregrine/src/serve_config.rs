@@ -69,6 +69,8 @@ pub struct ServeSettings {
     pub auth: crate::auth_config::AuthSettings,
     /// Every model's latency objective unless its config.toml sets its own (`[slo]`).
     pub slo: peregrine_registry::SloFile,
+    /// Live CPU profiles over the admin API (`[profiling]`).
+    pub profiling: crate::profiling_config::ProfilingSettings,
     #[serde(skip)]
     pub provider: crate::provider_args::ProviderArgs,
 }
@@ -126,6 +128,7 @@ impl Default for ServeSettings {
             stream_policy: Default::default(),
             auth: Default::default(),
             slo: Default::default(),
+            profiling: Default::default(),
             provider: Default::default(),
         }
     }
@@ -285,6 +288,8 @@ pub struct ServeArgs {
     pub auth: crate::auth_config::AuthArgs,
     #[command(flatten)]
     pub slo: crate::slo_config::SloArgs,
+    #[command(flatten)]
+    pub profiling: crate::profiling_config::ProfilingArgs,
 }
 
 fn read_file(path: &Path) -> Result<ServeSettings> {
@@ -303,6 +308,7 @@ impl ServeArgs {
         let stream_policy = std::mem::take(&mut self.stream_policy);
         let auth = std::mem::take(&mut self.auth);
         let slo = std::mem::take(&mut self.slo);
+        let profiling = std::mem::take(&mut self.profiling);
         let mut s = match &self.config {
             Some(p) => read_file(p)?,
             None => ServeSettings::default(),
@@ -359,6 +365,7 @@ impl ServeArgs {
         stream_policy.apply(&mut s.stream_policy);
         auth.apply(&mut s.auth);
         slo.apply(&mut s.slo);
+        profiling.apply(&mut s.profiling);
         s.validate()?;
         Ok(s)
     }

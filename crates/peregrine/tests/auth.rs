@@ -105,6 +105,16 @@ async fn keys_scopes_and_limits_are_enforced_and_never_logged() {
 
     let health = client.get(server.url("/health/live")).send().await.unwrap();
     assert_eq!(health.status(), 200, "health is open by default");
+    // Profiles need admin; this server has profiling off, which only an admin learns.
+    let profile = server.url("/debug/pprof/profile?seconds=1");
+    let (status, _, _) = status_and_body(client.get(&profile).header("authorization", &bearer)).await;
+    assert_eq!(status, 403, "an infer key cannot profile");
+    let (status, _, body) = status_and_body(client.get(&profile).header("x-api-key", &keys.ops)).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (404, &Value::from("profiling_off")),
+        "{body}"
+    );
     let unload = server.url("/v2/repository/models/yolo11n/unload");
     let (status, _, body) = status_and_body(client.post(&unload).header("authorization", &bearer)).await;
     assert_eq!(status, 403, "an infer key cannot unload: {body}");

@@ -141,6 +141,15 @@ async fn twenty_version_swaps_under_continuous_load_fail_no_request() {
         seen.len() >= 10,
         "traffic ran across the swaps, served by versions {seen:?}"
     );
+    // Each swap's log line names the weights by their SHA-256.
+    use sha2::Digest as _;
+    let sha256 = hex::encode(sha2::Sha256::digest(std::fs::read(Repo::model()).unwrap()));
+    let logs = server.logs.lock().unwrap().clone();
+    let swaps = logs
+        .iter()
+        .filter(|l| l.contains("now serving") && l.contains(&sha256))
+        .count();
+    assert!(swaps >= 21, "{swaps} load lines name sha256 {sha256}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

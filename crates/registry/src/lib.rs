@@ -11,7 +11,9 @@
 //!
 //! - [`settings`]: server defaults overlaid with a model's `config.toml`, version policies;
 //!   [`ModelSettings`] nests the engine's, the session's and the detector's configs.
-//! - [`store`]: the repository directory (or models given directly) and change detection.
+//! - [`store`]: the repository directory (or models given directly) and change detection
+//!   by content: `fingerprint` keeps each weights file's SHA-256, hashed again only when
+//!   the file's stamp (size, times, inode) moved.
 //! - `plan`: the pure decisions of a sync (load, keep, retire), unit-tested.
 //! - [`graph`]: the load-time graph rewrite and input-shape fixing (`peregrine-onnx`).
 //! - `build`: [`build_detector`], the one recipe from weights to a [`Detector`] (rewrite,
@@ -23,6 +25,7 @@
 //! [`Detector`]: peregrine_engine::Detector
 
 mod build;
+mod fingerprint;
 pub mod graph;
 mod loader;
 mod owner;
@@ -46,7 +49,7 @@ pub use loader::{engine_config, EngineLoader, OrtLoader};
 pub use rollout::{RolloutFile, RolloutPolicy};
 pub use settings::{ModelConfigFile, ModelSettings, ProviderFile, SettingsError, VersionPolicy};
 pub use slo::SloFile;
-pub use store::{FixedModel, ModelSource, StoreError, Weights};
+pub use store::{DigestCache, Fingerprint, FixedModel, ModelSource, StoreError, Weights};
 
 use peregrine_engine::Engine;
 
@@ -67,6 +70,8 @@ pub struct VersionView {
     pub reason: Option<String>,
     /// Present when ready.
     pub engine: Option<Engine>,
+    /// The SHA-256 of the weights the version was loaded (or failed to load) from.
+    pub sha256: Option<Fingerprint>,
 }
 
 #[derive(Debug, Clone)]
@@ -219,6 +224,13 @@ impl RegistrySnapshot {
                 .all(|m| m.serving().is_some())
     }
 
+    /// The SHA-256 of the weights `name` version `version` was loaded from.
+    pub fn fingerprint(&self, name: &str, version: &str) -> Option<Fingerprint> {
+        let version: u64 = version.parse().ok()?;
+        let m = self.models.get(name)?;
+        m.versions.iter().find(|v| v.version == version)?.sha256
+    }
+
     /// Every ready engine, of every model and version.
     pub fn ready_engines(&self) -> impl Iterator<Item = &Engine> {
         self.models
@@ -312,6 +324,8 @@ pub struct IndexEntry {
     pub version: Option<u64>,
     pub state: Option<VersionState>,
     pub reason: Option<String>,
+    /// The SHA-256 of the version's weights, once the registry has read them.
+    pub sha256: Option<Fingerprint>,
 }
 
 /// Which models to load when the registry starts.
@@ -448,6 +462,7 @@ impl ModelRegistry {
                         .as_ref()
                         .and_then(|r| r.describe(v.version))
                         .or_else(|| v.reason.clone()),
+                    sha256: v.sha256,
                 })
             })
             .filter(|e| !ready_only || e.state == Some(VersionState::Ready))
@@ -464,6 +479,7 @@ impl ModelRegistry {
                             name,
                             version: None,
                             reason,
+                            sha256: None,
                         }
                     }),
             );

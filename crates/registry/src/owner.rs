@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::plan::{plan_sync, Origin, SyncPlan};
 use super::settings::ModelSettings;
-use super::store::{ModelListing, StoreError, Weights};
+use super::store::{DigestCache, ModelListing, StoreError, Weights};
 use super::{
     Command, EngineLoader, LoadReport, ModelView, RegistryConfig, RegistryError, RegistrySnapshot, Startup,
     VersionState, VersionView,
@@ -53,6 +53,8 @@ pub(super) struct Owner {
     /// Engines taken out of service, until their last request is answered.
     retiring: Vec<(String, u64, WeakEngine)>,
     started: bool,
+    /// Weights' SHA-256 by file, so that a poll reads only files that changed on disk.
+    digests: Arc<DigestCache>,
 }
 
 /// Why a sync was asked for: it decides whether failed versions are retried and whether
@@ -76,6 +78,7 @@ impl Owner {
             models: BTreeMap::new(),
             retiring: Vec::new(),
             started: false,
+            digests: Arc::default(),
         }
     }
 
@@ -255,12 +258,13 @@ impl Owner {
     /// The model's listing in the source, on the blocking pool. A model that cannot be
     /// listed (bad settings, no versions) keeps the reason in its state, for the index.
     async fn scan(&mut self, name: &str) -> Result<ModelListing, RegistryError> {
-        let (source, defaults, owned) = (
+        let (source, defaults, owned, digests) = (
             self.config.source.clone(),
             self.config.defaults.clone(),
             name.to_string(),
+            self.digests.clone(),
         );
-        let scanned = tokio::task::spawn_blocking(move || source.scan(&owned, &defaults))
+        let scanned = tokio::task::spawn_blocking(move || source.scan(&owned, &defaults, &digests))
             .await
             .map_err(|e| StoreError::Io(format!("scanning the repository failed: {e}")))?;
         let listing = match scanned {
@@ -320,15 +324,24 @@ impl Owner {
             };
             match outcome {
                 Ok(engine) => {
-                    tracing::info!(model = %name, version = v, "version loaded and warmed up; now serving");
                     state.failed.remove(&v);
-                    if let Some(old) = state.loaded.insert(v, Loaded { origin, engine }) {
+                    let previous = state.loaded.insert(v, Loaded { origin, engine });
+                    let replaced = previous.as_ref().map(|old| old.origin.fingerprint);
+                    match replaced.filter(|old| *old != fingerprint) {
+                        Some(old) => {
+                            tracing::info!(model = %name, version = v, sha256 = %fingerprint, previous_sha256 = %old, "version reloaded with new weights and warmed up; now serving")
+                        }
+                        None => {
+                            tracing::info!(model = %name, version = v, sha256 = %fingerprint, "version loaded and warmed up; now serving")
+                        }
+                    }
+                    if let Some(old) = previous {
                         self.retiring.push((name.to_string(), v, old.engine.downgrade()));
                     }
                     report.loaded.push(v);
                 }
                 Err(reason) => {
-                    tracing::error!(model = %name, version = v, error = %reason, "version failed to load; serving versions are untouched");
+                    tracing::error!(model = %name, version = v, sha256 = %fingerprint, error = %reason, "version failed to load; serving versions are untouched");
                     failed.push((v, reason.clone()));
                     state.failed.insert(v, Failed { origin, reason });
                 }
@@ -433,6 +446,12 @@ fn view(name: &str, m: &ModelState) -> ModelView {
                 .get(&v)
                 .map(|f| f.reason.clone())
                 .or_else(|| m.rolled_back.get(&v).map(|r| r.reason.clone()));
+            let sha256 = m
+                .loaded
+                .get(&v)
+                .map(|l| l.origin.fingerprint)
+                .or_else(|| m.failed.get(&v).map(|f| f.origin.fingerprint))
+                .or_else(|| m.rolled_back.get(&v).map(|r| r.fingerprint));
             match (m.loaded.get(&v), m.loading.contains(&v)) {
                 (Some(l), _) => VersionView {
                     version: v,
@@ -441,18 +460,21 @@ fn view(name: &str, m: &ModelState) -> ModelView {
                         .map(|r| format!("serving the previous load; reloading failed: {r}"))
                         .or_else(|| past_objective(&l.engine)),
                     engine: Some(l.engine.clone()),
+                    sha256,
                 },
                 (None, true) => VersionView {
                     version: v,
                     state: VersionState::Loading,
                     reason: None,
                     engine: None,
+                    sha256,
                 },
                 (None, false) => VersionView {
                     version: v,
                     state: VersionState::Unavailable,
                     reason: failure.or_else(|| Some("unloaded".into())),
                     engine: None,
+                    sha256,
                 },
             }
         })

@@ -76,7 +76,7 @@ mod tests {
     use crate::settings::VersionPolicy;
 
     fn fp(len: u64) -> Fingerprint {
-        Fingerprint { len, modified: None }
+        Fingerprint::of(&len.to_le_bytes())
     }
 
     fn origin(len: u64, s: &Arc<ModelSettings>) -> Origin {

@@ -5,16 +5,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
 
+pub use super::fingerprint::{DigestCache, Fingerprint};
 use super::settings::{ModelConfigFile, ModelSettings, SettingsError};
-
-/// Enough about a weights file to notice that it changed, without reading it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fingerprint {
-    pub len: u64,
-    pub modified: Option<SystemTime>,
-}
 
 /// Where one version's weights are.
 #[derive(Debug, Clone)]
@@ -93,14 +86,6 @@ pub fn check_name(name: &str) -> Result<(), StoreError> {
     }
 }
 
-fn fingerprint(path: &Path) -> Option<Fingerprint> {
-    let meta = std::fs::metadata(path).ok()?;
-    meta.is_file().then(|| Fingerprint {
-        len: meta.len(),
-        modified: meta.modified().ok(),
-    })
-}
-
 impl ModelSource {
     /// Every model the source holds, by name.
     pub fn list(&self) -> Result<Vec<String>, StoreError> {
@@ -126,8 +111,14 @@ impl ModelSource {
     }
 
     /// Reads one model's configuration and the versions present, overlaying its
-    /// `config.toml` (if any) on `defaults`.
-    pub fn scan(&self, name: &str, defaults: &ModelSettings) -> Result<ModelListing, StoreError> {
+    /// `config.toml` (if any) on `defaults`; each version's fingerprint comes from
+    /// `digests` (files are read only when they changed on disk).
+    pub fn scan(
+        &self,
+        name: &str,
+        defaults: &ModelSettings,
+        digests: &DigestCache,
+    ) -> Result<ModelListing, StoreError> {
         check_name(name)?;
         let settings_err = |source| StoreError::Settings {
             name: name.to_string(),
@@ -146,11 +137,8 @@ impl ModelSource {
                     .overlay(&m.config, Path::new("."))
                     .map_err(settings_err)?;
                 let fingerprint = match &m.weights {
-                    Weights::Static(bytes) => Fingerprint {
-                        len: bytes.len() as u64,
-                        modified: None,
-                    },
-                    Weights::File(path) => fingerprint(path).ok_or_else(|| {
+                    Weights::Static(bytes) => digests.embedded(bytes),
+                    Weights::File(path) => digests.file(path).ok_or_else(|| {
                         StoreError::Io(format!("model file {} is missing or unreadable", path.display()))
                     })?,
                 };
@@ -193,7 +181,7 @@ impl ModelSource {
                         let path = e.path().join(&settings.model_file);
                         Some(VersionListing {
                             version,
-                            fingerprint: fingerprint(&path)?,
+                            fingerprint: digests.file(&path)?,
                             weights: Weights::File(path),
                         })
                     })
@@ -246,13 +234,14 @@ mod tests {
         std::fs::write(root.join("det/config.toml"), "max_batch = 2\n").unwrap();
         let source = ModelSource::Directory(root.clone());
         assert_eq!(source.list().unwrap(), ["det", "empty"]);
-        let listing = source.scan("det", &ModelSettings::default()).unwrap();
+        let digests = DigestCache::default();
+        let listing = source.scan("det", &ModelSettings::default(), &digests).unwrap();
         let versions: Vec<u64> = listing.versions.iter().map(|v| v.version).collect();
         assert_eq!(versions, [1, 3]);
-        assert_eq!(listing.versions[1].fingerprint.len, 5);
+        assert_eq!(listing.versions[1].fingerprint, Fingerprint::of(b"three"));
         assert_eq!(listing.settings.engine.policy.max_batch, 2);
         assert!(source
-            .scan("empty", &ModelSettings::default())
+            .scan("empty", &ModelSettings::default(), &digests)
             .unwrap()
             .versions
             .is_empty());
@@ -269,7 +258,7 @@ mod tests {
         }
         let source = ModelSource::Directory(std::env::temp_dir());
         assert!(matches!(
-            source.scan("../x", &ModelSettings::default()),
+            source.scan("../x", &ModelSettings::default(), &DigestCache::default()),
             Err(StoreError::InvalidName(_))
         ));
     }
@@ -280,7 +269,7 @@ mod tests {
         std::fs::create_dir_all(root.join("m/1")).unwrap();
         std::fs::write(root.join("m/config.toml"), "instances = 0\n").unwrap();
         let err = ModelSource::Directory(root.clone())
-            .scan("m", &ModelSettings::default())
+            .scan("m", &ModelSettings::default(), &DigestCache::default())
             .unwrap_err();
         assert_eq!(err.to_string(), "model \"m\": instances must be at least 1");
         std::fs::remove_dir_all(&root).unwrap();

@@ -152,6 +152,61 @@ async fn start_up_serves_the_latest_version_and_a_load_swaps_in_a_new_one() {
     assert_eq!((report.loaded, report.unchanged), (vec![], vec![3]));
 }
 
+fn set_modified(path: &Path, at: std::time::SystemTime) {
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_modified(at).unwrap();
+}
+
+/// The index's fingerprint of `name` version `version`.
+async fn indexed_sha256(registry: &ModelRegistry, name: &str, version: u64) -> Option<Fingerprint> {
+    let index = registry.index(false).await.unwrap();
+    let entry = index
+        .iter()
+        .find(|e| e.name == name && e.version == Some(version));
+    entry.and_then(|e| e.sha256)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_detected_by_content_not_by_size_and_time() {
+    let repo = Repo::new("content");
+    repo.put("det", 1, "ok");
+    let registry = start(&repo, None, Startup::All);
+    assert!(registry.wait_started().await.is_empty());
+    let file = repo.path().join("det/1/model.onnx");
+    assert_eq!(
+        indexed_sha256(&registry, "det", 1).await,
+        Some(Fingerprint::of(b"ok"))
+    );
+    assert_eq!(
+        registry.snapshot().fingerprint("det", "1"),
+        Some(Fingerprint::of(b"ok"))
+    );
+
+    // Touched: a new modification time, the same bytes.
+    let later = std::fs::metadata(&file).unwrap().modified().unwrap() + Duration::from_secs(60);
+    set_modified(&file, later);
+    let report = registry.load("det").await.unwrap();
+    assert_eq!(
+        (report.loaded, report.unchanged),
+        (vec![], vec![1]),
+        "a touch reloads nothing"
+    );
+
+    // Replaced by other bytes of the same size, given the old modification time.
+    repo.put("det", 1, "OK");
+    set_modified(&file, later);
+    let report = registry.load("det").await.unwrap();
+    assert_eq!(
+        (report.loaded, report.unchanged),
+        (vec![1], vec![]),
+        "new content reloads"
+    );
+    assert_eq!(
+        indexed_sha256(&registry, "det", 1).await,
+        Some(Fingerprint::of(b"OK"))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_fallback_reloads_the_versions_with_it() {
     let repo = Repo::new("fallback");

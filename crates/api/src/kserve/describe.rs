@@ -28,6 +28,7 @@ pub fn metadata(info: &FaceInfo) -> Value {
         "platform": info.platform(),
         "inputs": tensors(&info.inputs),
         "outputs": tensors(&info.outputs),
+        "sha256": info.sha256.iter().map(|(v, h)| (v.to_string(), json!(h))).collect::<serde_json::Map<_, _>>(),
     })
 }
 

@@ -106,6 +106,9 @@ pub struct FaceInfo {
     pub face: Face,
     /// Ready versions, ascending (or only the one asked for).
     pub versions: Vec<u64>,
+    /// Each version's weights' SHA-256 (hex), by version: Peregrine's extension of the
+    /// metadata.
+    pub sha256: Vec<(u64, String)>,
     pub engines: Vec<Engine>,
     pub max_batch_size: usize,
     pub inputs: Vec<TensorSpec>,
@@ -189,10 +192,18 @@ impl FaceInfo {
             .settings
             .clone()
             .unwrap_or_else(|| Arc::new(ModelSettings::default()));
+        let versions: Vec<u64> = engines.iter().filter_map(|e| e.version().parse().ok()).collect();
+        let sha256 = model
+            .versions
+            .iter()
+            .filter(|v| versions.contains(&v.version))
+            .filter_map(|v| Some((v.version, v.sha256?.hex())))
+            .collect();
         Ok(Self {
             name: resolved.name.to_string(),
             face: resolved.face,
-            versions: engines.iter().filter_map(|e| e.version().parse().ok()).collect(),
+            versions,
+            sha256,
             max_batch_size: newest.config().policy.max_batch,
             inputs,
             outputs,

@@ -205,6 +205,9 @@ pub fn index_json(entries: &[IndexEntry]) -> Value {
                 if let Some(r) = &e.reason {
                     o["reason"] = json!(r);
                 }
+                if let Some(fp) = &e.sha256 {
+                    o["sha256"] = json!(fp.hex());
+                }
                 o
             })
             .collect(),

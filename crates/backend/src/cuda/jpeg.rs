@@ -216,6 +216,7 @@ impl GpuJpegDecoder {
     /// Decodes `images` in one batched call into this decoder's buffers (planes or RGB, as
     /// its conversion says), on its stream; returns what each left where. Does not wait.
     fn decode(&mut self, images: &[&[u8]]) -> Result<Vec<(JpegInfo, Decoded)>, CudaError> {
+        let _nvtx = crate::nvtx::range(c"jpeg decode");
         let n = images.len();
         while self.decoded.len() < n {
             self.decoded.push(DeviceBuffer::new(0)?);

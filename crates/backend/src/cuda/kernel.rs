@@ -276,6 +276,7 @@ impl ImageKernels {
         dst_pitch: usize,
         stream: &Stream,
     ) -> Result<(), CudaError> {
+        let _nvtx = crate::nvtx::range(c"letterbox kernel");
         let (mut src, mut columns, mut rows, mut dst) = (src, columns, rows, dst);
         let (mut src_pitch, mut scaled_w, mut scaled_h, mut dst_pitch) = (
             src_pitch as i32,
