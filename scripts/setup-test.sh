@@ -4,7 +4,10 @@
 #   HTTP and gRPC), pytest, Pillow and kubernetes-validate (the Kubernetes JSON schemas ship
 #   in its wheel: tests/deploy needs no network), pinned in tests/triton/requirements.txt, and the
 #   tracker comparison's peers (Roboflow's trackers, supervision, motmetrics), pinned
-#   without dependencies in tests/video/requirements-tracking.txt;
+#   without dependencies in tests/video/requirements-tracking.txt, and Playwright for the
+#   console's browser tests (tests/console/requirements.txt);
+# - Chromium, from Debian's chromium package, the browser those tests drive (Playwright's
+#   own browser downloads are never used);
 # - perf_analyzer 2.60.0 (PyPI) in .cache/perf-analyzer, runnable here through a private
 #   newer glibc (scripts/fetch-perf-analyzer.sh);
 # - the video tests' RTSP server (GStreamer), MQTT broker (mosquitto) and H.265 test clip
@@ -21,8 +24,9 @@ venv=.cache/venv
 requirements=tests/triton/requirements.txt
 # The tracker comparison's pinned set, installed without dependencies (see the file).
 tracking=tests/video/requirements-tracking.txt
+console=tests/console/requirements.txt
 stamp="$venv/.requirements.sha256"
-want=$(cat "$requirements" "$tracking" | sha256sum | cut -d' ' -f1)
+want=$(cat "$requirements" "$tracking" "$console" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     rm -rf "$venv"
     if ! python3 -m venv "$venv" 2>/dev/null; then
@@ -35,6 +39,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     fi
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$tracking"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$console"
     echo "$want" >"$stamp"
 fi
 
@@ -44,6 +49,13 @@ if ! command -v promtool >/dev/null 2>&1; then
     # Without recommends: promtool comes with the server alone, not its exporters.
     sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         prometheus >/dev/null
+fi
+
+if [ ! -x /usr/bin/chromium ]; then
+    echo "setup-test: installing chromium (for tests/console)" >&2
+    sudo_if_needed apt-get update -qq
+    sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        chromium >/dev/null
 fi
 
 ./scripts/fetch-perf-analyzer.sh .cache/perf-analyzer >/dev/null

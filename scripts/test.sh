@@ -3,7 +3,8 @@
 # binary and server), then Triton's own clients and perf_analyzer against the real server
 # (tests/triton) and the video pipeline end to end against real cameras and an MQTT broker
 # (tests/video), the Kubernetes manifests against their schemas and the alert rules and
-# dashboard queries with promtool (tests/deploy), with the
+# dashboard queries with promtool (tests/deploy), the web console in Chromium
+# (tests/console), with the
 # environment scripts/setup-test.sh prepares. Keeps each test
 # binary's and pytest's wall time in target/test-durations.tsv and prints the ten slowest,
 # so CI time can be watched as suites grow. Ends with one summary line,
@@ -17,7 +18,7 @@ trap 'rm -f "$log" "$pylog"' EXIT
 cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 # The client suite runs the debug binary the integration tests just built.
-PEREGRINE_BIN="$root/target/debug/peregrine" .cache/venv/bin/python -m pytest -q -p no:cacheprovider tests/triton tests/video tests/deploy tests/security 2>&1 | tee "$pylog"
+PEREGRINE_BIN="$root/target/debug/peregrine" .cache/venv/bin/python -m pytest -q -p no:cacheprovider tests/triton tests/video tests/deploy tests/security tests/console 2>&1 | tee "$pylog"
 pystatus=${PIPESTATUS[0]}
 # Seconds and name of each test binary (from cargo's "Running" line and its "finished in"),
 # then the client suite's total (from pytest's last line).
@@ -33,7 +34,7 @@ awk -v py="$(tail -n 1 "$pylog")" '
         printf "%.2f\t%s\n", substr($0, RSTART + 12, RLENGTH - 13), current
     }
     END {
-        if (match(py, / in [0-9.]+s/)) printf "%.2f\tpytest tests/triton tests/video tests/deploy tests/security\n", substr(py, RSTART + 4, RLENGTH - 5)
+        if (match(py, / in [0-9.]+s/)) printf "%.2f\tpytest tests/triton tests/video tests/deploy tests/security tests/console\n", substr(py, RSTART + 4, RLENGTH - 5)
     }' "$log" | sort -rn >"$durations"
 echo "slowest test binaries (seconds; all in $durations):"
 head -n 10 "$durations" | awk -F '\t' '{ printf "%9.2f  %s\n", $1, $2 }'

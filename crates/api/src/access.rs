@@ -68,6 +68,9 @@ impl Access {
             (_, "/health/live" | "/health/ready" | "/v2/health/live" | "/v2/health/ready") => health,
             (_, "/metrics") if self.protect_metrics => Requirement::AnyKey,
             (_, "/metrics" | "/openapi.json") => Requirement::Open,
+            // The console's static files hold no data: its pages ask for the key and send
+            // it with every API call they make.
+            ("GET", "/" | "/ui" | "/ui/{file}") => Requirement::Open,
             (
                 _,
                 "/v2/repository/index"
@@ -268,6 +271,9 @@ mod tests {
             "/v2/health/ready",
             "/metrics",
             "/openapi.json",
+            "/",
+            "/ui",
+            "/ui/{file}",
         ];
         for (path, item) in doc["paths"].as_object().unwrap() {
             for method in item.as_object().unwrap().keys() {

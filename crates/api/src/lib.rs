@@ -22,9 +22,11 @@
 //!   [`heap`]: glibc's heap totals (`/debug/pprof/heap`, the same gate).
 //! - `wire`: request and response bodies.
 //! - `openapi.json`: the API description served at `/openapi.json`.
+//! - `console`: the web console's static files, embedded, under `/ui`.
 
 pub mod access;
 mod body;
+mod console;
 mod detect;
 pub mod drain;
 mod error;
@@ -184,6 +186,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events/{id}/snapshot.jpg", get(events::snapshot))
         .route("/debug/pprof/profile", get(profiling::profile))
         .route("/debug/pprof/heap", get(heap::heap))
+        .route("/", get(console::root))
+        .route("/ui", get(console::index))
+        .route("/ui/{file}", get(console::asset))
         .merge(kserve::routes())
         // Matched routes only, so that the middleware sees the route's template.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), access::gate))
