@@ -24,7 +24,7 @@ function addForm(onAdded) {
   const form = el("form", { class: "panel", "aria-labelledby": "add-title", "aria-describedby": "add-error" },
     el("h2", { id: "add-title" }, "Add a stream"),
     el("div", { class: "form" },
-      field("Name", name), field("URL", url, "RTSP, HTTP(S) or a file the server may read"),
+      field("Name", name), field("URL", url, "rtsp:// or rtsps:// (files where the server allows them)"),
       field("Transport (RTSP)", transport), field("Frames per second", fps),
       el("label", { class: "check" }, looped, "Loop (files)"),
       el("label", { class: "check" }, realtime, "Real time (files)"),

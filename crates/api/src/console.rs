@@ -58,7 +58,10 @@ fn serve(asset: &Asset) -> Response {
             (header::CONTENT_TYPE, HeaderValue::from_static(asset.media_type)),
             // Revalidated each time: a new binary serves new files at the same names.
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-            (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
         ],
         asset.bytes,
     )
@@ -100,7 +103,12 @@ mod tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("console");
         let mut on_disk: Vec<String> = std::fs::read_dir(dir)
             .expect("crates/api/console exists")
-            .map(|e| e.expect("a readable entry").file_name().to_string_lossy().into_owned())
+            .map(|e| {
+                e.expect("a readable entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         on_disk.sort();
         let mut embedded: Vec<String> = ASSETS.iter().map(|a| a.name.to_string()).collect();
@@ -116,9 +124,15 @@ mod tests {
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '-')
                 .collect();
-            assert!(find(&name).is_some(), "index.html names /ui/{name}, which is not embedded");
+            assert!(
+                find(&name).is_some(),
+                "index.html names /ui/{name}, which is not embedded"
+            );
         }
-        assert!(!page.contains("http://") && !page.contains("https://"), "no other origin");
+        assert!(
+            !page.contains("http://") && !page.contains("https://"),
+            "no other origin"
+        );
     }
 
     #[tokio::test]
