@@ -50,6 +50,11 @@ function setUpKeyForm() {
 }
 
 setUpKeyForm();
+// The fragment is the router's, so the skip link moves the focus itself.
+document.querySelector(".skip").addEventListener("click", (e) => {
+  e.preventDefault();
+  document.getElementById("page").focus();
+});
 window.addEventListener("hashchange", () => {
   route();
   document.getElementById("page").focus();

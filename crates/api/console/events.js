@@ -69,7 +69,7 @@ function filters(onQuery) {
   const after = input("ev-after", "From", { type: "datetime-local" });
   const before = input("ev-before", "Until", { type: "datetime-local" });
   const form = el("form", { class: "panel form", "aria-label": "Event filters" },
-    stream.wrap, label.wrap, zone.wrap, el("label", { for: "ev-type" }, "Type", type), after.wrap, before.wrap,
+    stream.wrap, label.wrap, zone.wrap, el("div", { class: "field" }, el("label", { for: "ev-type" }, "Type"), type), after.wrap, before.wrap,
     el("div", {}, el("button", { type: "submit" }, "Search")));
   form.addEventListener("submit", (e) => {
     e.preventDefault();

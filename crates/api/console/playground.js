@@ -101,7 +101,7 @@ export function mount(main) {
   });
   c.file.addEventListener("change", () => { file = c.file.files[0] || null; run(); });
   const form = el("form", { class: "panel form", "aria-label": "Detection settings" },
-    el("label", { for: "pg-model" }, "Model", c.model), el("label", { for: "pg-conf" }, "Confidence", c.conf),
+    el("div", { class: "field" }, el("label", { for: "pg-model" }, "Model"), c.model), el("label", { for: "pg-conf" }, "Confidence", c.conf),
     el("label", { for: "pg-iou" }, "IoU", c.iou), el("label", { for: "pg-classes" }, "Classes", c.classes),
     el("div", {}, el("button", { type: "submit" }, "Detect again")));
   form.addEventListener("submit", (e) => { e.preventDefault(); run(); });

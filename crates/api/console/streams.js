@@ -5,16 +5,20 @@
 import { badge, el, getJson, sendJson } from "./api.js";
 import * as zones from "./zones.js";
 
+/** A control with its label beside it (not around it: a select's options would become
+ * part of its name) and an optional hint, which is also its description. */
 function field(label, input, hint) {
-  return el("label", {}, label, input, hint ? el("span", { class: "muted" }, hint) : null);
+  const hintNode = hint ? el("span", { class: "muted", id: `${input.id}-hint` }, hint) : null;
+  if (hintNode) input.setAttribute("aria-describedby", hintNode.id);
+  return el("div", { class: "field" }, el("label", { for: input.id }, label), input, hintNode);
 }
 
 function addForm(onAdded) {
-  const name = el("input", { name: "name", required: true, pattern: "[A-Za-z0-9_.\\-]+", autocomplete: "off" });
-  const url = el("input", { name: "url", required: true, placeholder: "rtsp://camera/stream", autocomplete: "off" });
-  const transport = el("select", { name: "transport" },
+  const name = el("input", { id: "add-name", name: "name", required: true, pattern: "[A-Za-z0-9_.\\-]+", autocomplete: "off" });
+  const url = el("input", { id: "add-url", name: "url", required: true, placeholder: "rtsp://camera/stream", autocomplete: "off" });
+  const transport = el("select", { id: "add-transport", name: "transport" },
     el("option", { value: "tcp" }, "TCP"), el("option", { value: "udp" }, "UDP"));
-  const fps = el("input", { name: "fps", type: "number", min: "0.1", step: "any", placeholder: "every frame" });
+  const fps = el("input", { id: "add-fps", name: "fps", type: "number", min: "0.1", step: "any", placeholder: "every frame" });
   const looped = el("input", { name: "loop", type: "checkbox" });
   const realtime = el("input", { name: "realtime", type: "checkbox", checked: true });
   const tracking = el("input", { name: "tracking", type: "checkbox", checked: true });
@@ -24,7 +28,7 @@ function addForm(onAdded) {
   const form = el("form", { class: "panel", "aria-labelledby": "add-title", "aria-describedby": "add-error" },
     el("h2", { id: "add-title" }, "Add a stream"),
     el("div", { class: "form" },
-      field("Name", name), field("URL", url, "rtsp:// or rtsps:// (files where the server allows them)"),
+      field("Name", name), field("URL", url, "rtsp://…, or an mp4 file where the server allows files"),
       field("Transport (RTSP)", transport), field("Frames per second", fps),
       el("label", { class: "check" }, looped, "Loop (files)"),
       el("label", { class: "check" }, realtime, "Real time (files)"),

@@ -136,7 +136,7 @@ export function mount(main, name) {
   const ed = new Editor(name);
   const form = el("form", { class: "panel", "aria-label": "New zone or line" },
     el("div", { class: "form" },
-      el("label", { for: "place-kind" }, "Kind", ed.kind),
+      el("div", { class: "field" }, el("label", { for: "place-kind" }, "Kind"), ed.kind),
       el("label", { for: "place-name" }, "Name", ed.placeName),
       el("label", { for: "place-points" }, "Points (x,y as fractions; or click the picture)", ed.points),
       el("div", { class: "toolbar" }, el("button", { type: "submit" }, "Save"),

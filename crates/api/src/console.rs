@@ -19,7 +19,7 @@ struct Asset {
 }
 
 macro_rules! asset {
-    ($name:literal, $media_type:literal) => {
+    ($name:literal, $media_type:expr) => {
         Asset {
             name: $name,
             media_type: $media_type,
