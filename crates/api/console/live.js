@@ -118,13 +118,10 @@ class StreamFigures {
     const drops = Object.values(c.frames_dropped).reduce((a, b) => a + b, 0);
     const s = report.status;
     const why = s.last_error || s.reason || "";
-    this.node.replaceChildren(
-      badge(s.state, why),
-      el("span", {}, `${fps} fps`),
-      el("span", {}, `${drops} dropped`),
-      el("span", {}, `${c.reconnects} reconnects`),
-      why ? el("span", { class: "error" }, why) : null,
-    );
+    const parts = [badge(s.state, why), el("span", {}, `${fps} fps`), el("span", {}, `${drops} dropped`),
+      el("span", {}, `${c.reconnects} reconnects`)];
+    if (why) parts.push(el("span", { class: "error" }, why));
+    this.node.replaceChildren(...parts);
   }
 }
 
