@@ -62,7 +62,9 @@ export function drawPlaces(ctx, places, frame) {
   for (const [i, z] of (places.zones || []).entries()) {
     const pts = z.points.map((p) => toCanvas(ctx, p, z.units, frame));
     polygon(ctx, pts, colour(i + 3), true);
-    label(ctx, pts[0], `${z.name}: ${z.objects ?? 0}`, colour(i + 3));
+    // At the centre, so that zones sharing a corner keep their labels apart.
+    const centre = [0, 1].map((k) => pts.reduce((a, p) => a + p[k], 0) / pts.length);
+    label(ctx, centre, `${z.name}: ${z.objects ?? 0}`, colour(i + 3));
   }
   for (const [i, l] of (places.lines || []).entries()) {
     const a = toCanvas(ctx, l.start, l.units, frame);
