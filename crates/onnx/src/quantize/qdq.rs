@@ -143,6 +143,7 @@ pub fn quantize_qdq(
         &mut added,
     );
     graph.initializer.extend(added);
+    drop_unused_initializers(graph);
 
     let mut activations: Vec<(String, QuantParams)> =
         plan.tensors.iter().map(|t| (t.clone(), params[t])).collect();
@@ -419,6 +420,23 @@ fn insert_activation_pairs(
         }
     }
     graph.node = nodes;
+}
+
+/// Removes the float weights and biases the int8 ones replaced (nothing reads them now).
+fn drop_unused_initializers(graph: &mut GraphProto) {
+    let mut used: HashSet<&str> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().map(String::as_str))
+        .collect();
+    used.extend(graph.output.iter().filter_map(|o| o.name.as_deref()));
+    let keep: Vec<bool> = graph
+        .initializer
+        .iter()
+        .map(|t| t.name.as_deref().is_some_and(|n| used.contains(n)))
+        .collect();
+    let mut keep = keep.into_iter();
+    graph.initializer.retain(|_| keep.next().unwrap_or(true));
 }
 
 fn write_metadata(model: &mut ModelProto, options: &QdqOptions, node_count: usize) {
