@@ -82,8 +82,15 @@ pub struct QuantizeArgs {
     )]
     pub activations: Activations,
     /// Nodes kept float, comma separated: a node whose name starts with an entry (e.g.
-    /// `/model.23/` keeps the whole head float).
-    #[arg(long, env = "PEREGRINE_QUANTIZE_EXCLUDE", value_delimiter = ',')]
+    /// `/model.23/` keeps the whole head float; `''` keeps none). The default keeps the
+    /// attention block of Ultralytics' C2PSA (YOLO11's layer 10) float: measured, it
+    /// costs no speed and gains parity (docs/benchmarks.md).
+    #[arg(
+        long,
+        env = "PEREGRINE_QUANTIZE_EXCLUDE",
+        value_delimiter = ',',
+        default_value = "/model.10/m/"
+    )]
     pub exclude: Vec<String>,
     /// Keep the output convolutions (those after which no convolution follows) float.
     #[arg(
