@@ -5,8 +5,10 @@
 //! the runtime library at run time ([`runtime`] finds it and says exactly what to do when it
 //! is missing or too old). Nothing here knows about images or boxes. [`nvtx`] names the GPU
 //! stages on NVIDIA profilers' timelines when one is attached (one-line guards in `cuda`,
-//! `device_io` and `staging`).
+//! `device_io` and `staging`). [`activations`] runs a calibration graph and hands out its
+//! intermediate tensors by name (for `peregrine quantize`).
 
+pub mod activations;
 pub mod cuda;
 mod device_io;
 mod error;

@@ -20,7 +20,8 @@
 //! Modules: [`proto`] (generated ONNX types), `tensor` (plain tensor descriptions), `edit`
 //! (adding nodes and constants under fresh names), `metadata` (Ultralytics metadata),
 //! [`input`] and [`output`] (the two rewrites), `shape` ([`fix_input_shape`] for sessions
-//! that run one shape, and [`describe`]).
+//! that run one shape, and [`describe`]), [`quantize`] (post-training INT8 quantization into
+//! a QDQ model, and TensorRT's calibration cache).
 
 pub mod proto;
 
@@ -29,6 +30,7 @@ mod error;
 pub mod input;
 mod metadata;
 pub mod output;
+pub mod quantize;
 mod shape;
 mod tensor;
 

@@ -48,6 +48,8 @@ pub enum Command {
     BenchDecode(crate::decode_bench::DecodeBenchArgs),
     /// Manage API keys (`keys new`).
     Keys(crate::auth_config::KeysArgs),
+    /// Quantize a model to INT8 (QDQ) by calibrating on images.
+    Quantize(Box<crate::quantize::QuantizeArgs>),
 }
 
 /// Options shared by everything that loads a model.

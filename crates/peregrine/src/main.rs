@@ -13,6 +13,8 @@ mod model_bench;
 mod otel;
 mod profiling_config;
 mod provider_args;
+mod quantize;
+mod quantize_report;
 mod report;
 mod serve;
 mod serve_config;
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         cli::Command::BenchModel(args) => model_bench::run(args),
         cli::Command::BenchDecode(args) => decode_bench::run(args),
         cli::Command::Keys(args) => auth_config::run_keys(args),
+        cli::Command::Quantize(args) => quantize::run(*args),
     };
     if let Some(traces) = traces {
         traces.shutdown();

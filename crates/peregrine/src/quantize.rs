@@ -1,0 +1,306 @@
+//! `peregrine quantize`: post-training INT8 quantization of a detection model.
+//!
+//! Calibration images go through the server's own letterbox (the canvases `serve` feeds),
+//! the calibration graph returns every activation the quantized nodes read or write, and
+//! each tensor's histogram gives its range by the chosen method. The QDQ model is written
+//! by `peregrine_onnx::quantize`; the summary then measures it on the held-out images
+//! (parity with the float model) and on the CPU (speed against the float model).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use peregrine_backend::activations::ActivationSession;
+use peregrine_onnx::quantize::{
+    calibration_graph, calibration_table, quantize_qdq, ActivationType, CalibrationMethod, QdqOptions,
+    Selection, TensorHistogram,
+};
+use peregrine_vision::{decode_image, DetectorSpec, ImageView, LetterboxCanvas};
+use sha2::Digest;
+
+use crate::cli::ModelArgs;
+use crate::quantize_report::{self, Held};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Method {
+    /// Clip each tensor where the KL divergence to its 8-bit version is least (TensorRT's
+    /// entropy calibration).
+    Entropy,
+    /// Clip `|x|` at `--percentile` of the values seen.
+    Percentile,
+    /// The extremes seen.
+    MinMax,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Activations {
+    /// Asymmetric uint8 (ONNX Runtime's fastest CPU kernels).
+    Uint8,
+    /// Symmetric int8 (what TensorRT expects).
+    Int8,
+}
+
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    /// The float32 ONNX model to quantize.
+    #[arg(long, env = "PEREGRINE_MODEL")]
+    pub model: PathBuf,
+    /// Calibration images: files, directories (searched recursively) or glob patterns,
+    /// comma separated. Sorted by path; the last `--held-out` are kept for the summary.
+    #[arg(long, env = "PEREGRINE_CALIBRATION", value_delimiter = ',', required = true)]
+    pub calibration: Vec<String>,
+    /// Where to write the quantized model.
+    #[arg(long, env = "PEREGRINE_QUANTIZE_OUT")]
+    pub out: PathBuf,
+    /// Most images to calibrate on (the rest of the set, after the held-out ones, is unused).
+    #[arg(long, env = "PEREGRINE_QUANTIZE_SAMPLES", default_value_t = 500)]
+    pub samples: usize,
+    /// Images held out of calibration to measure parity with the float model on.
+    #[arg(long, env = "PEREGRINE_QUANTIZE_HELD_OUT", default_value_t = 0)]
+    pub held_out: usize,
+    /// How each tensor's range is chosen.
+    #[arg(
+        long,
+        env = "PEREGRINE_QUANTIZE_METHOD",
+        value_enum,
+        default_value = "min-max"
+    )]
+    pub method: Method,
+    /// The percentile of `|x|` that `--method percentile` clips at.
+    #[arg(long, env = "PEREGRINE_QUANTIZE_PERCENTILE", default_value_t = 99.99)]
+    pub percentile: f64,
+    /// How activations are stored.
+    #[arg(
+        long,
+        env = "PEREGRINE_QUANTIZE_ACTIVATIONS",
+        value_enum,
+        default_value = "uint8"
+    )]
+    pub activations: Activations,
+    /// Nodes kept float, comma separated: a node whose name starts with an entry (e.g.
+    /// `/model.23/` keeps the whole head float; `''` keeps none). The default keeps the
+    /// attention block of Ultralytics' C2PSA (YOLO11's layer 10) float: measured, it
+    /// costs no speed and gains parity (docs/benchmarks.md).
+    #[arg(
+        long,
+        env = "PEREGRINE_QUANTIZE_EXCLUDE",
+        value_delimiter = ',',
+        default_value = "/model.10/m/"
+    )]
+    pub exclude: Vec<String>,
+    /// Keep the output convolutions (those after which no convolution follows) float.
+    #[arg(
+        long,
+        env = "PEREGRINE_QUANTIZE_KEEP_OUTPUT_CONVS_FLOAT",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub keep_output_convs_float: bool,
+    /// Quantize the operators between convolutions (SiLU, Add, Concat, Split, MaxPool,
+    /// Resize) too, so data stays 8-bit from one convolution to the next.
+    #[arg(
+        long,
+        env = "PEREGRINE_QUANTIZE_ACTIVATION_OPS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub quantize_activation_ops: bool,
+    /// Also write the ranges as a TensorRT calibration cache (for
+    /// `--trt-int8-calibration-table`).
+    #[arg(long, env = "PEREGRINE_TRT_CALIBRATION_TABLE")]
+    pub trt_calibration_table: Option<PathBuf>,
+    /// TensorRT version written in the cache's first line (major*10000 + minor*100 +
+    /// patch for TensorRT 10).
+    #[arg(long, env = "PEREGRINE_TRT_VERSION", default_value = "100900")]
+    pub trt_version: String,
+    /// Seconds to time each model at batch 1 and 4 on the CPU for the summary (0: skip).
+    #[arg(long, env = "PEREGRINE_QUANTIZE_BENCH_SECONDS", default_value_t = 5.0)]
+    pub bench_seconds: f64,
+    /// Threads ONNX Runtime uses within one operator (0: one per core).
+    #[arg(long, env = "PEREGRINE_THREADS", default_value_t = 0)]
+    pub threads: usize,
+    /// Path of libonnxruntime.so; by default the copy fetched by `make setup` is used.
+    #[arg(long, env = "ORT_DYLIB_PATH")]
+    pub ort_lib: Option<PathBuf>,
+}
+
+impl QuantizeArgs {
+    fn method(&self) -> CalibrationMethod {
+        match self.method {
+            Method::Entropy => CalibrationMethod::Entropy,
+            Method::Percentile => CalibrationMethod::Percentile(self.percentile),
+            Method::MinMax => CalibrationMethod::MinMax,
+        }
+    }
+
+    fn selection(&self) -> Selection {
+        Selection {
+            exclude: self.exclude.clone(),
+            keep_output_convs_float: self.keep_output_convs_float,
+            quantize_activation_ops: self.quantize_activation_ops,
+        }
+    }
+
+    /// Model arguments for loading `path` on the CPU as `detect` would.
+    fn model_args(&self, path: &Path) -> Result<ModelArgs> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            model: ModelArgs,
+        }
+        let mut model = Wrap::try_parse_from(["quantize"])?.model;
+        model.model = Some(path.to_path_buf());
+        model.threads = self.threads;
+        model.ort_lib = self.ort_lib.clone();
+        Ok(model)
+    }
+}
+
+pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
+    anyhow::ensure!(args.samples > 0, "--samples must be at least 1");
+    let started = Instant::now();
+    let bytes =
+        std::fs::read(&args.model).with_context(|| format!("cannot read {}", args.model.display()))?;
+    let (paths, problems) = crate::inputs::expand(&args.calibration);
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
+    let mut paths = paths;
+    paths.sort();
+    anyhow::ensure!(
+        paths.len() > args.held_out,
+        "--calibration names {} images, not enough to hold {} out and calibrate on the rest",
+        paths.len(),
+        args.held_out
+    );
+    let held_paths = paths.split_off(paths.len() - args.held_out);
+    paths.truncate(args.samples);
+
+    let (plan, calibration_model) = calibration_graph(&bytes, &args.selection())
+        .with_context(|| format!("cannot quantize {}", args.model.display()))?;
+    let float = crate::model::load_detector(&args.model_args(&args.model)?, 4, None)
+        .context("loading the float model")?;
+    let spec = float.spec().clone();
+    let mut session =
+        ActivationSession::from_bytes(&calibration_model, args.threads, args.ort_lib.as_deref())
+            .context("building the calibration session")?;
+    let histograms = calibrate(&mut session, &spec, &paths, &plan.tensors)?;
+    let calibration_s = started.elapsed().as_secs_f64();
+
+    let method = args.method();
+    let ranges: HashMap<String, (f32, f32)> = histograms
+        .iter()
+        .map(|(name, h)| (name.clone(), h.range(method)))
+        .collect();
+    let options = QdqOptions {
+        selection: args.selection(),
+        activations: match args.activations {
+            Activations::Uint8 => ActivationType::Uint8,
+            Activations::Int8 => ActivationType::Int8,
+        },
+        metadata: vec![
+            ("method".into(), method.name()),
+            ("samples".into(), paths.len().to_string()),
+            ("date".into(), jiff::Timestamp::now().to_string()),
+            ("source_sha256".into(), hex::encode(sha2::Sha256::digest(&bytes))),
+        ],
+    };
+    let quantized = quantize_qdq(&bytes, &ranges, &options).context("writing the QDQ model")?;
+    std::fs::write(&args.out, &quantized.model).with_context(|| format!("writing {}", args.out.display()))?;
+    let ordered: Vec<(String, (f32, f32))> = plan.tensors.iter().map(|t| (t.clone(), ranges[t])).collect();
+    if let Some(path) = &args.trt_calibration_table {
+        std::fs::write(path, calibration_table(&args.trt_version, &ordered))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!(
+        "quantized {} nodes of {} ({} activations calibrated on {} images by {} in {:.1} s) -> {}",
+        quantized.nodes.len(),
+        args.model.display(),
+        ordered.len(),
+        paths.len(),
+        method.name(),
+        calibration_s,
+        args.out.display()
+    );
+    println!(
+        "{:<64} {:>10} {:>10} {:>10} {:>4}",
+        "tensor", "low", "high", "scale", "zp"
+    );
+    for (name, p) in &quantized.activations {
+        let (low, high) = ranges.get(name).copied().unwrap_or_default();
+        println!(
+            "{name:<64} {low:>10.4} {high:>10.4} {:>10.6} {:>4}",
+            p.scale, p.zero_point
+        );
+    }
+    if let Some(path) = &args.trt_calibration_table {
+        println!(
+            "TensorRT calibration cache -> {} (written for TensorRT {}; TensorRT was not run)",
+            path.display(),
+            args.trt_version
+        );
+    }
+    let mut int8 = crate::model::load_detector(&args.model_args(&args.out)?, 4, None)
+        .context("loading the quantized model")?;
+    let mut float = float;
+    if !held_paths.is_empty() {
+        let held = Held::load(&held_paths)?;
+        let parity = quantize_report::parity(&mut float, &mut int8, &held)?;
+        println!("{parity}");
+    }
+    if args.bench_seconds > 0.0 {
+        let largest = float.batch_size();
+        for batch in [1, 4].into_iter().filter(|&b| b <= largest) {
+            let f = quantize_report::images_per_s(&mut float, batch, args.bench_seconds)?;
+            let q = quantize_report::images_per_s(&mut int8, batch, args.bench_seconds)?;
+            println!(
+                "speed batch {batch}: float {f:.2} img/s, int8 {q:.2} img/s, {:.2}x",
+                q / f.max(1e-9)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs every calibration image through the calibration graph and collects each tensor's
+/// histogram.
+fn calibrate(
+    session: &mut ActivationSession,
+    spec: &DetectorSpec,
+    paths: &[PathBuf],
+    tensors: &[String],
+) -> Result<HashMap<String, TensorHistogram>> {
+    let mut histograms: HashMap<String, TensorHistogram> = tensors
+        .iter()
+        .map(|t| (t.clone(), TensorHistogram::new()))
+        .collect();
+    let progress = ProgressBar::new(paths.len() as u64);
+    progress.set_style(
+        ProgressStyle::with_template("calibrating {bar:40} {pos}/{len} images, {per_sec}, eta {eta}")
+            .expect("the template is valid"),
+    );
+    let mut scratch = LetterboxCanvas::new();
+    let mut canvas = Vec::new();
+    let mut input = vec![0f32; 3 * spec.input_width * spec.input_height];
+    for path in paths {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let img = decode_image(&bytes, Default::default()).with_context(|| path.display().to_string())?;
+        peregrine_engine::Detector::prepare(spec, ImageView::from(&img.rgb), &mut scratch, &mut canvas);
+        peregrine_vision::normalize::rgb8_to_planar_f32(&canvas, &mut input);
+        session.run(
+            &input,
+            [1, 3, spec.input_height, spec.input_width],
+            |name, values| {
+                if let Some(h) = histograms.get_mut(name) {
+                    h.add(values);
+                }
+            },
+        )?;
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    Ok(histograms)
+}

@@ -1,0 +1,159 @@
+//! `peregrine quantize` end to end: calibrate YOLO11n on the shared images (two held
+//! out), check the written model's metadata and TensorRT cache, its detections against
+//! Ultralytics' reference, and that the server serves it as version 2 beside the float
+//! version 1 of a model repository.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::repo::Repo;
+use common::server::{post_image, Server};
+use common::{reference, shared_dir, Det, TempDir};
+use peregrine_onnx::proto::ModelProto;
+use prost::Message;
+use serde_json::Value;
+
+/// Detections of the int8 model against the reference: same class, IoU >= 0.9, score
+/// within 0.05 (the issue's criterion; the float parity test asks 0.02).
+fn matched(a: &[Det], b: &[Det]) -> usize {
+    let mut used = vec![false; b.len()];
+    let mut n = 0;
+    for x in a {
+        let best = b
+            .iter()
+            .enumerate()
+            .filter(|(j, y)| {
+                !used[*j] && x.class_id == y.class_id && x.iou(y) >= 0.9 && (x.score - y.score).abs() <= 0.05
+            })
+            .max_by(|p, q| x.iou(p.1).total_cmp(&x.iou(q.1)));
+        if let Some((j, _)) = best {
+            used[j] = true;
+            n += 1;
+        }
+    }
+    n
+}
+
+fn quantize(dir: &TempDir) -> (std::path::PathBuf, String) {
+    let out = dir.path().join("yolo11n-int8.onnx");
+    let table = dir.path().join("yolo11n-int8.cache");
+    let model = shared_dir().join("models/yolo11n.onnx");
+    let args: Vec<String> = [
+        "quantize",
+        "--model",
+        &model.display().to_string(),
+        "--calibration",
+        &shared_dir().join("images").display().to_string(),
+        "--out",
+        &out.display().to_string(),
+        "--held-out",
+        "2",
+        "--bench-seconds",
+        "0",
+        "--trt-calibration-table",
+        &table.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let run = common::peregrine(&args);
+    let stdout = String::from_utf8_lossy(&run.stdout).to_string();
+    assert!(
+        run.status.success(),
+        "quantize failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let cache = std::fs::read_to_string(&table).expect("the TensorRT cache is written");
+    assert!(cache.starts_with("TRT-") && cache.lines().next().unwrap().ends_with("-EntropyCalibration2"));
+    assert!(cache
+        .lines()
+        .skip(1)
+        .all(|l| l.rsplit(": ").next().is_some_and(|h| h.len() == 8)));
+    (out, stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quantized_yolo11n_keeps_parity_and_serves_as_version_2() {
+    let dir = TempDir::new("quantize");
+    let (out, stdout) = quantize(&dir);
+    eprintln!(
+        "{}",
+        stdout
+            .lines()
+            .filter(|l| !l.starts_with('/'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(stdout.contains("calibrated on 12 images"), "{stdout}");
+    assert!(
+        stdout.contains("parity with the float model on 2 held-out images"),
+        "{stdout}"
+    );
+
+    // Metadata: how, on what, from which source.
+    let model = ModelProto::decode(std::fs::read(&out).unwrap().as_slice()).unwrap();
+    let meta: HashMap<String, String> = model
+        .metadata_props
+        .iter()
+        .filter_map(|p| Some((p.key.clone()?, p.value.clone()?)))
+        .collect();
+    use sha2::Digest as _;
+    let source = hex::encode(sha2::Sha256::digest(
+        std::fs::read(shared_dir().join("models/yolo11n.onnx")).unwrap(),
+    ));
+    assert_eq!(meta["peregrine.quantization.source_sha256"], source);
+    assert_eq!(meta["peregrine.quantization.samples"], "12");
+    assert_eq!(meta["peregrine.quantization.method"], "min-max");
+    assert!(meta.contains_key("peregrine.quantization.date"));
+    let nodes: usize = meta["peregrine.quantization.nodes"].parse().unwrap();
+    // The convolutions and the operators between them, but not the attention block
+    // (the default `--exclude`).
+    assert_eq!(nodes, 270, "convolutions and the operators between them");
+
+    // Parity with Ultralytics' reference, through `peregrine detect`.
+    let refs = reference("yolo11n");
+    let mut args = vec!["detect".to_string(), "--model".into(), out.display().to_string()];
+    args.extend(
+        refs.iter()
+            .map(|(name, _)| shared_dir().join("images").join(name).display().to_string()),
+    );
+    let lines = common::detect_json(&args);
+    let (mut total_ref, mut total_ours, mut total_matched) = (0, 0, 0);
+    for ((_, ref_dets), line) in refs.iter().zip(&lines) {
+        let ours = Det::list(&line["detections"]);
+        total_matched += matched(ref_dets, &ours);
+        total_ref += ref_dets.len();
+        total_ours += ours.len();
+    }
+    let recall = total_matched as f64 / total_ref as f64;
+    let precision = total_matched as f64 / total_ours as f64;
+    eprintln!("int8 vs reference: recall {recall:.3}, precision {precision:.3} ({total_matched}/{total_ref}, {total_ours})");
+    assert!(
+        recall >= PARITY_FLOOR && precision >= PARITY_FLOOR,
+        "recall {recall:.3}, precision {precision:.3}"
+    );
+
+    // An ordinary model: version 2 beside the float version 1.
+    let repo = Repo::new("quantized");
+    repo.add_version(1);
+    let v2 = repo.0.join("det/2");
+    std::fs::create_dir_all(&v2).unwrap();
+    std::fs::copy(&out, v2.join("model.onnx")).unwrap();
+    let server = Server::start(&["--model-repository", &repo.arg()]);
+    server.wait_ready().await;
+    let client = reqwest::Client::new();
+    let bus = std::fs::read(shared_dir().join("images/bus.jpg")).unwrap();
+    let r = post_image(&client, &format!("{}/v1/detect?model=det", server.base), bus, &[]).await;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["version"], "2", "{body}");
+    let people = Det::list(&body["detections"])
+        .iter()
+        .filter(|d| d.class_id == 0)
+        .count();
+    assert!(people >= 3, "{body}");
+}
+
+/// Measured on the shared photos (docs/benchmarks.md, "INT8, issue 18"), less a margin.
+const PARITY_FLOOR: f64 = 0.7;
