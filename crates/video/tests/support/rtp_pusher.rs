@@ -4,7 +4,7 @@
 //! UDP or TCP (RFC 4571 framing), with some packets swapped and a few dropped.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
@@ -192,4 +192,73 @@ pub async fn push(
         sent += 1;
     }
     sent
+}
+
+/// Waits (polling, bounded) until the server has bound `port` on 127.0.0.1 (UDP or TCP):
+/// found by failing to bind it ourselves, which, unlike connecting, takes nothing from a
+/// listener that accepts one sender.
+pub async fn wait_until_bound(port: u16, udp: bool) {
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let started = Instant::now();
+    let free = || match udp {
+        true => std::net::UdpSocket::bind(to).is_ok(),
+        false => std::net::TcpListener::bind(to).is_ok(),
+    };
+    while free() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the server never bound {to}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A camera played by GStreamer: `clip` demuxed, then `payloader` and `sink` elements, at
+/// the clip's own rate, started once the server has bound `port` (UDP when `udp`). Calling
+/// what it returns kills it.
+pub fn spawn_gst_pusher(
+    clip: &Path,
+    payloader: &[&str],
+    sink: &[&str],
+    port: u16,
+    udp: bool,
+) -> Box<dyn FnOnce() + Send> {
+    let mut command = Command::new("gst-launch-1.0");
+    command
+        .arg("-q")
+        .args([
+            "filesrc",
+            &format!("location={}", clip.display()),
+            "!",
+            "qtdemux",
+            "!",
+        ])
+        .args(payloader)
+        .arg("!")
+        .args(sink)
+        .stdout(Stdio::null());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        wait_until_bound(port, udp).await;
+        let child = GstChild(
+            command
+                .spawn()
+                .expect("run gst-launch-1.0 (scripts/setup-test.sh installs GStreamer)"),
+        );
+        let _ = stopped.await;
+        drop(child);
+    });
+    Box::new(move || {
+        let _ = stop.send(());
+    })
+}
+
+/// Killed when dropped.
+struct GstChild(Child);
+
+impl Drop for GstChild {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

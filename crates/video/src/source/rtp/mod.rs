@@ -20,10 +20,10 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use peregrine_types::WallClock;
-use tokio::io::{AsyncReadExt, BufReader};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::time::Instant;
 
@@ -42,6 +42,10 @@ use timeline::RtpTimeline;
 const SSRC_SWITCH_AFTER: u32 = 64;
 /// The largest datagram taken (RTP over UDP stays under the path MTU; this is IP's limit).
 const MAX_DATAGRAM: usize = 65_536;
+/// The UDP socket's receive buffer asked for: a key frame of a 4K camera arrives as a
+/// burst of several hundred kilobytes, more than Linux's default buffer holds while the
+/// task is busy. The kernel caps it at `net.core.rmem_max`.
+const UDP_RECEIVE_BUFFER: usize = 4 << 20;
 
 /// Opens a pushed RTP stream: binds (UDP, passive TCP) or connects (active TCP).
 #[derive(Clone)]
@@ -99,8 +103,7 @@ impl RtpOpener {
         Ok(match self.endpoint.transport {
             RtpTransport::Udp => {
                 let address = bind()?;
-                let socket = UdpSocket::bind(address)
-                    .await
+                let socket = bind_udp(address)
                     .map_err(|e| self.connect_error(format!("cannot listen on udp {address}: {e}")))?;
                 Input::Udp(socket, vec![0; MAX_DATAGRAM])
             }
@@ -133,11 +136,20 @@ impl RtpOpener {
                 let stream = TcpStream::connect(address)
                     .await
                     .map_err(|e| self.connect_error(format!("cannot connect to {address}: {e}")))?;
-                let _ = stream.set_nodelay(true);
-                Input::Tcp(BufReader::new(stream))
+                Input::tcp(stream)
             }
         })
     }
+}
+
+fn bind_udp(address: SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(address), Type::DGRAM, Some(Protocol::UDP))?;
+    // Best effort: a smaller buffer still works, it only drops more in a burst.
+    let _ = socket.set_recv_buffer_size(UDP_RECEIVE_BUFFER);
+    socket.bind(&address.into())?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket.into())
 }
 
 impl Opener for RtpOpener {
@@ -211,11 +223,19 @@ enum Input {
     Udp(UdpSocket, Vec<u8>),
     /// Passive TCP before the sender connected.
     Listening(TcpListener),
-    Tcp(BufReader<TcpStream>),
+    /// A TCP connection and what has been read of it but not yet framed.
+    Tcp(TcpStream, BytesMut),
 }
 
 impl Input {
+    fn tcp(stream: TcpStream) -> Self {
+        let _ = stream.set_nodelay(true);
+        Input::Tcp(stream, BytesMut::with_capacity(2 * MAX_DATAGRAM))
+    }
+
     /// The next packet's bytes; `Ok(None)` when a TCP sender closed the connection.
+    /// Cancel-safe (the source drops it when the jitter buffer's deadline comes first):
+    /// bytes read from TCP stay in the buffer until a whole frame is there.
     async fn receive(&mut self) -> std::io::Result<Option<Bytes>> {
         loop {
             match self {
@@ -226,19 +246,21 @@ impl Input {
                 Input::Listening(listener) => {
                     let (stream, peer) = listener.accept().await?;
                     tracing::info!(%peer, "rtp sender connected");
-                    let _ = stream.set_nodelay(true);
-                    *self = Input::Tcp(BufReader::new(stream));
+                    *self = Input::tcp(stream);
                 }
-                Input::Tcp(stream) => {
+                Input::Tcp(stream, buf) => {
                     // RFC 4571: a 16-bit length, then the packet.
-                    let len = match stream.read_u16().await {
-                        Ok(len) => usize::from(len),
-                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-                        Err(e) => return Err(e),
-                    };
-                    let mut packet = vec![0; len];
-                    stream.read_exact(&mut packet).await?;
-                    return Ok(Some(Bytes::from(packet)));
+                    if let [hi, lo, ..] = buf[..] {
+                        let len = usize::from(u16::from_be_bytes([hi, lo]));
+                        if buf.len() >= 2 + len {
+                            buf.advance(2);
+                            return Ok(Some(buf.split_to(len).freeze()));
+                        }
+                    }
+                    buf.reserve(MAX_DATAGRAM);
+                    if stream.read_buf(buf).await? == 0 {
+                        return Ok(None);
+                    }
                 }
             }
         }
@@ -424,5 +446,49 @@ impl RtpSource {
             is_key,
             new_parameters,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_tcp_read_cut_short_by_the_jitter_deadline_loses_nothing() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut sender = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let mut input = Input::Listening(listener);
+        let frame = |body: &[u8]| [&(body.len() as u16).to_be_bytes()[..], body].concat();
+        sender.write_all(&frame(b"first")).await.unwrap();
+        assert_eq!(input.receive().await.unwrap().as_deref(), Some(&b"first"[..]));
+        // Half a frame, then the receive is dropped as a deadline would drop it.
+        let second = frame(b"second packet");
+        sender.write_all(&second[..5]).await.unwrap();
+        let cut = tokio::time::timeout(Duration::from_millis(50), input.receive()).await;
+        assert!(cut.is_err(), "half a frame is not a packet");
+        sender.write_all(&second[5..]).await.unwrap();
+        assert_eq!(
+            input.receive().await.unwrap().as_deref(),
+            Some(&b"second packet"[..])
+        );
+        drop(sender);
+        assert_eq!(input.receive().await.unwrap(), None, "the sender closed");
+    }
+
+    #[test]
+    fn udp_sockets_get_a_larger_receive_buffer() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        let socket = bind_udp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let size = socket2::SockRef::from(&socket).recv_buffer_size().unwrap();
+        // Linux doubles what it grants; the default is about 200 kB.
+        assert!(size > 256 << 10, "{size}");
     }
 }
