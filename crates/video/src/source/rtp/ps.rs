@@ -199,10 +199,10 @@ impl PsDemuxer {
         match id {
             PACK_START => self.stats.packs += 1,
             PSM => self.read_psm(unit),
-            0xE0..=0xEF => {
-                if *self.video_id.get_or_insert(id) == id {
-                    self.read_video_pes(unit, out);
-                }
+            // The first video stream seen is the one followed.
+            0xE0..=0xEF if self.video_id.is_none_or(|v| v == id) => {
+                self.video_id = Some(id);
+                self.read_video_pes(unit, out);
             }
             // The end code, system header, audio, private and padding streams: nothing for us.
             _ => {}
