@@ -4,4 +4,6 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| peregrine_video::rtp::fuzzing::ps_demux(data));
+fuzz_target!(|data: &[u8]| {
+    peregrine_video::rtp::fuzzing::ps_demux(data);
+});
