@@ -223,19 +223,16 @@ impl UrlPolicy {
     /// camera; the check before every connection refuses it until it resolves (the stream
     /// backs off with the reason), and judges the address it resolves to then.
     pub(crate) async fn admit(&self, source: &SourceUrl) -> Result<(), UrlRefusal> {
-        match source {
-            SourceUrl::Rtsp(url) => match self.rtsp_address(url).await {
-                Ok(_) | Err(UrlRefusal::Unresolved { .. }) => Ok(()),
-                Err(refusal) => Err(refusal),
-            },
-            SourceUrl::Rtp(endpoint) if endpoint.connects_out() => {
-                match self.rtsp_address(&endpoint.url).await {
-                    Ok(_) | Err(UrlRefusal::Unresolved { .. }) => Ok(()),
-                    Err(refusal) => Err(refusal),
-                }
-            }
-            SourceUrl::Rtp(endpoint) => self.scheme_allowed(endpoint.url.scheme()),
-            SourceUrl::File(path) => self.file_path(path).map(|_| ()),
+        let url = match source {
+            SourceUrl::Rtsp(url) => url,
+            SourceUrl::Rtp(endpoint) if endpoint.connects_out() => &endpoint.url,
+            // It listens: only its scheme is judged.
+            SourceUrl::Rtp(endpoint) => return self.scheme_allowed(endpoint.url.scheme()),
+            SourceUrl::File(path) => return self.file_path(path).map(|_| ()),
+        };
+        match self.rtsp_address(url).await {
+            Ok(_) | Err(UrlRefusal::Unresolved { .. }) => Ok(()),
+            Err(refusal) => Err(refusal),
         }
     }
 
