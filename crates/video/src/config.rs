@@ -361,6 +361,11 @@ mod tests {
             realtime = false
             backoff = { initial_ms = 100, max_ms = 2000 }
 
+            [[streams]]
+            name = "gate"
+            url = "rtp://0.0.0.0:15060?format=ps"
+            fps = 5
+
             [mqtt]
             host = "127.0.0.1"
             port = 1883
@@ -369,7 +374,7 @@ mod tests {
             url = "http://127.0.0.1:9000/hook"
         "#;
         let cfg: VideoConfig = toml::from_str(text).unwrap();
-        assert_eq!(cfg.streams.len(), 2);
+        assert_eq!(cfg.streams.len(), 3);
         let cam = &cfg.streams[0];
         assert_eq!(cam.transport, RtspTransport::Udp);
         assert_eq!(cam.fps, Some(5.0));
@@ -378,6 +383,13 @@ mod tests {
         let clock: Arc<dyn WallClock> = Arc::new(peregrine_types::SystemWallClock);
         let policy = crate::policy::StreamPolicy::default();
         let policy = Arc::new(UrlPolicy::new(&policy, Arc::new(crate::policy::SystemResolver)).unwrap());
+        let gate = &cfg.streams[2];
+        gate.validate().unwrap();
+        let opener = gate.opener(gate.source_url().unwrap(), &clock, &policy).unwrap();
+        assert_eq!(
+            opener.describe(),
+            "rtp://0.0.0.0:15060?format=ps (rtp over udp, listening, mpeg-ps)"
+        );
         assert!(!cam
             .opener(cam.source_url().unwrap(), &clock, &policy)
             .unwrap()
