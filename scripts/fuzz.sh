@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers that read untrusted bytes (fuzz/fuzz_targets: KServe REST bodies, gRPC
-# inference messages, uploaded images, ONNX model files) with cargo-fuzz and libFuzzer, on
+# inference messages, uploaded images, ONNX model files, pushed RTP: packets and the jitter
+# buffer, H.264/H.265 depacketization, MPEG-PS) with cargo-fuzz and libFuzzer, on
 # the stable toolchain (`--sanitizer none`: panics, hangs, huge allocations and overflows
 # found; no AddressSanitizer, which needs nightly, and the Rust code is safe but for the
 # reviewed FFI). Each target runs FUZZ_SECONDS (default 60) from its checked-in seeds
@@ -22,7 +23,7 @@ fi
 export PATH="$tools/bin:$PATH"
 seconds="${FUZZ_SECONDS:-60}"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(kserve_rest grpc_infer decode_image onnx_rewrite)
+[ ${#targets[@]} -gt 0 ] || targets=(kserve_rest grpc_infer decode_image onnx_rewrite rtp_packet rtp_depacketize ps_demux)
 for target in "${targets[@]}"; do
     corpus="$root/.cache/fuzz/$target"
     mkdir -p "$corpus"

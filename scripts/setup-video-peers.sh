@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The video tests' real peers (run by scripts/setup-test.sh): GStreamer's RTSP server driven
 # from the system Python (scripts/rtsp-test-server.py), GStreamer's plugins for mp4 parsing,
-# RTP payloading and x265, the mosquitto MQTT broker, and an H.265 copy of the small test
-# clip, transcoded once into .cache/videos/. Installs only what is missing.
+# RTP payloading, x265 and MPEG-PS muxing (mpegpsmux, in plugins-bad: the pushed-RTP test's
+# camera), the mosquitto MQTT broker, and an H.265 copy of the small test clip, transcoded
+# once into .cache/videos/. Installs only what is missing.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 shared="${PEREGRINE_SHARED:-$root/../shared}"
@@ -46,7 +47,7 @@ fi
 
 # --- check the test peers ---------------------------------------------------------------
 # Elements the RTSP test server and the transcode use; a missing one names its package.
-for element in appsrc qtdemux parsebin h264parse h265parse rtph264pay rtph265pay x265enc avdec_h264 mp4mux; do
+for element in appsrc qtdemux parsebin h264parse h265parse rtph264pay rtph265pay x265enc avdec_h264 mp4mux mpegpsmux; do
     gst-inspect-1.0 --exists "$element" \
         || { echo "setup-video-peers: GStreamer element $element is missing" >&2; exit 1; }
 done

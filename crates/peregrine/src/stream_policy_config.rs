@@ -15,7 +15,8 @@ pub type StreamPolicySettings = StreamPolicy;
 /// Flags for [`StreamPolicySettings`]; each replaces the config file's list.
 #[derive(Debug, Args, Default)]
 pub struct StreamPolicyArgs {
-    /// URL schemes a stream may ask for, comma-separated (rtsp, rtsps; file streams come
+    /// URL schemes a stream may ask for, comma-separated (rtsp, rtsps; rtp and rtp+tcp
+    /// for cameras that push, which open a listening port; file streams come
     /// with --stream-file-roots) [default: rtsp,rtsps].
     #[arg(
         long = "stream-allowed-schemes",

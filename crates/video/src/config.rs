@@ -14,6 +14,8 @@ use crate::policy::{UrlPolicy, UrlRefusal};
 use crate::sinks::mqtt::MqttConfig;
 use crate::sinks::webhook::WebhookConfig;
 use crate::source::file::{FileOpener, Pacing};
+use crate::source::rtp::endpoint::RtpEndpoint;
+use crate::source::rtp::RtpOpener;
 use crate::source::rtsp::{RtspOpener, RtspTransport};
 use crate::source::Opener;
 
@@ -42,7 +44,10 @@ pub struct VideoConfig {
 pub struct StreamConfig {
     /// Identifies the stream in the API, metrics and MQTT topics: letters, digits, `-`, `_`.
     pub name: String,
-    /// `rtsp://[user:pass@]host[:port]/path`, or an mp4 file as `file:///path` or a path.
+    /// `rtsp://[user:pass@]host[:port]/path`; a pushed RTP stream (GB28181) as
+    /// `rtp://0.0.0.0:PORT?format=ps` (UDP) or `rtp+tcp://0.0.0.0:PORT?format=ps`
+    /// (TCP, the camera connects; `&mode=active`: we connect to the URL's host), `format`
+    /// one of `ps`, `h264`, `h265`; or an mp4 file as `file:///path` or a path.
     pub url: String,
     /// RTP transport for RTSP streams.
     #[serde(default)]
@@ -120,6 +125,7 @@ pub fn redact_url(url: &str) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum SourceUrl {
     Rtsp(url::Url),
+    Rtp(RtpEndpoint),
     File(PathBuf),
 }
 
@@ -271,9 +277,13 @@ impl StreamConfig {
             let url = url::Url::parse(&self.url).map_err(|e| fail(format!("bad RTSP URL: {e}")))?;
             return Ok(SourceUrl::Rtsp(url));
         }
+        if self.url.starts_with("rtp://") || self.url.starts_with("rtp+tcp://") {
+            let url = url::Url::parse(&self.url).map_err(|e| fail(format!("bad RTP URL: {e}")))?;
+            return RtpEndpoint::parse(&url).map(SourceUrl::Rtp).map_err(fail);
+        }
         if self.url.contains("://") && !self.url.starts_with("file://") {
             return Err(fail(
-                "url must start with rtsp:// or be an mp4 file (file:///path or a path); rtsps is not supported"
+                "url must start with rtsp://, rtp:// or rtp+tcp://, or be an mp4 file (file:///path or a path); rtsps is not supported"
                     .into(),
             ));
         }
@@ -296,6 +306,11 @@ impl StreamConfig {
             SourceUrl::Rtsp(url) => {
                 let opener =
                     RtspOpener::new(url, self.transport, self.decode_threads).guarded_by(policy.clone());
+                return Ok(Arc::new(opener));
+            }
+            SourceUrl::Rtp(endpoint) => {
+                let opener =
+                    RtpOpener::new(endpoint, self.decode_threads, clock.clone()).guarded_by(policy.clone());
                 return Ok(Arc::new(opener));
             }
             SourceUrl::File(path) => policy.file_path(&path)?,
@@ -346,6 +361,11 @@ mod tests {
             realtime = false
             backoff = { initial_ms = 100, max_ms = 2000 }
 
+            [[streams]]
+            name = "gate"
+            url = "rtp://0.0.0.0:15060?format=ps"
+            fps = 5
+
             [mqtt]
             host = "127.0.0.1"
             port = 1883
@@ -354,7 +374,7 @@ mod tests {
             url = "http://127.0.0.1:9000/hook"
         "#;
         let cfg: VideoConfig = toml::from_str(text).unwrap();
-        assert_eq!(cfg.streams.len(), 2);
+        assert_eq!(cfg.streams.len(), 3);
         let cam = &cfg.streams[0];
         assert_eq!(cam.transport, RtspTransport::Udp);
         assert_eq!(cam.fps, Some(5.0));
@@ -363,6 +383,13 @@ mod tests {
         let clock: Arc<dyn WallClock> = Arc::new(peregrine_types::SystemWallClock);
         let policy = crate::policy::StreamPolicy::default();
         let policy = Arc::new(UrlPolicy::new(&policy, Arc::new(crate::policy::SystemResolver)).unwrap());
+        let gate = &cfg.streams[2];
+        gate.validate().unwrap();
+        let opener = gate.opener(gate.source_url().unwrap(), &clock, &policy).unwrap();
+        assert_eq!(
+            opener.describe(),
+            "rtp://0.0.0.0:15060?format=ps (rtp over udp, listening, mpeg-ps)"
+        );
         assert!(!cam
             .opener(cam.source_url().unwrap(), &clock, &policy)
             .unwrap()
@@ -392,6 +419,16 @@ mod tests {
         c.fps = Some(-1.0);
         assert!(c.validate().is_err());
         c.fps = Some(0.0);
+        c.validate().unwrap();
+        c.url = "rtp://0.0.0.0?format=ps".into();
+        assert!(c.validate().unwrap_err().problem.contains("needs a port"));
+        c.url = "rtp://0.0.0.0:5004?format=vp8".into();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .problem
+            .contains("format=vp8 is not ps, h264 or h265"));
+        c.url = "rtp+tcp://0.0.0.0:5004?format=ps".into();
         c.validate().unwrap();
         let unknown: Result<VideoConfig, _> = toml::from_str("[[streams]]\nname='a'\nurl='x'\nfsp=5\n");
         assert!(unknown.is_err(), "typos are errors, not silently ignored");

@@ -35,6 +35,9 @@ pub enum ClockSource {
     RtcpSenderReport,
     /// No sender report yet (or a file): the time this machine received the frame.
     LocalReceive,
+    /// A pushed RTP stream (GB28181): the frame's RTP timestamp, counted from the time this
+    /// machine received the stream's first packet.
+    RtpArrival,
 }
 
 impl ClockSource {
@@ -42,6 +45,7 @@ impl ClockSource {
         match self {
             Self::RtcpSenderReport => "rtcp",
             Self::LocalReceive => "local",
+            Self::RtpArrival => "rtp",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Video analytics for Peregrine: cameras and files in, detections out, live.
 //!
-//! A stream is a camera (RTSP over TCP or UDP, H.264 or H.265) or an mp4 file. The
+//! A stream is a camera (RTSP over TCP or UDP, H.264 or H.265), a camera that pushes RTP
+//! to us (GB28181: MPEG-PS or plain H.264/H.265 over UDP or TCP) or an mp4 file. The
 //! [`manager`] owns the set of streams and is reached through a cloneable
 //! [`StreamManagerHandle`] (add, remove, list, status, subscribe). Each stream runs as
 //! four pieces: a [`supervisor`] task that opens its [`source`] (behind the `Opener` /
@@ -75,6 +76,10 @@ pub use sinks::webhook::{WebhookConfig, WebhookSink, WebhookStats};
 pub use sinks::wire::{event_json, object_json, snapshot_url};
 pub use sinks::{ConfiguredSinks, SinkError};
 pub use source::file::{FileOpener, Pacing};
+/// Pushed RTP: the source and its parsers (RTP headers, the jitter buffer, the MPEG-PS
+/// demuxer, H.264/H.265 depacketization), public for the fuzz targets in fuzz/.
+pub use source::rtp;
+pub use source::rtp::RtpOpener;
 pub use source::rtsp::{RtspOpener, RtspTransport};
 pub use source::{EncodedFrame, Opener, Source, SourceError, StreamParameters};
 pub use telemetry::{CounterSnapshot, DropReason, GLASS_TO_RESULT, GLASS_TO_RESULT_BUCKETS};

@@ -22,7 +22,7 @@ use crate::config::SourceUrl;
 use address::{HostAllowList, RefusedRange};
 
 /// The schemes a stream URL may have; anything else is a settings mistake.
-const KNOWN_SCHEMES: [&str; 3] = ["rtsp", "rtsps", "file"];
+const KNOWN_SCHEMES: [&str; 5] = ["rtsp", "rtsps", "rtp", "rtp+tcp", "file"];
 /// RTSP's port when the URL names none.
 const RTSP_PORT: u16 = 554;
 
@@ -32,8 +32,11 @@ const RTSP_PORT: u16 = 554;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct StreamPolicy {
-    /// URL schemes a stream may ask for (`rtsp`, `rtsps`; `file` comes with `file_roots`).
-    /// The RTSP source refuses rtsps today, with its own message.
+    /// URL schemes a stream may ask for (`rtsp`, `rtsps`, `rtp`, `rtp+tcp`; `file` comes
+    /// with `file_roots`). The RTSP source refuses rtsps today, with its own message.
+    /// Pushed RTP (`rtp`, `rtp+tcp`) is off by default: such a stream opens a listening
+    /// port on this machine (an active `rtp+tcp` connection's host is judged like an
+    /// RTSP camera's).
     pub allowed_schemes: Vec<String>,
     /// Directories file streams may come from; a file must resolve (symlinks and `..`
     /// followed) to a path under one of them. Empty: no file streams.
@@ -135,7 +138,7 @@ impl UrlPolicy {
             let scheme = scheme.trim().to_ascii_lowercase();
             if !KNOWN_SCHEMES.contains(&scheme.as_str()) {
                 return Err(format!(
-                    "allowed_schemes: unknown scheme {scheme:?} (known: rtsp, rtsps, file)"
+                    "allowed_schemes: unknown scheme {scheme:?} (known: rtsp, rtsps, rtp, rtp+tcp, file)"
                 ));
             }
             schemes.push(scheme);
@@ -220,17 +223,21 @@ impl UrlPolicy {
     /// camera; the check before every connection refuses it until it resolves (the stream
     /// backs off with the reason), and judges the address it resolves to then.
     pub(crate) async fn admit(&self, source: &SourceUrl) -> Result<(), UrlRefusal> {
-        match source {
-            SourceUrl::Rtsp(url) => match self.rtsp_address(url).await {
-                Ok(_) | Err(UrlRefusal::Unresolved { .. }) => Ok(()),
-                Err(refusal) => Err(refusal),
-            },
-            SourceUrl::File(path) => self.file_path(path).map(|_| ()),
+        let url = match source {
+            SourceUrl::Rtsp(url) => url,
+            SourceUrl::Rtp(endpoint) if endpoint.connects_out() => &endpoint.url,
+            // It listens: only its scheme is judged.
+            SourceUrl::Rtp(endpoint) => return self.scheme_allowed(endpoint.url.scheme()),
+            SourceUrl::File(path) => return self.file_path(path).map(|_| ()),
+        };
+        match self.rtsp_address(url).await {
+            Ok(_) | Err(UrlRefusal::Unresolved { .. }) => Ok(()),
+            Err(refusal) => Err(refusal),
         }
     }
 
-    /// The address an RTSP URL may be connected to: its host's, resolved now, if no
-    /// address of it is refused.
+    /// The address an RTSP URL (or an active `rtp+tcp` one) may be connected to: its
+    /// host's, resolved now, if no address of it is refused.
     pub async fn rtsp_address(&self, url: &Url) -> Result<IpAddr, UrlRefusal> {
         self.scheme_allowed(url.scheme())?;
         let port = url.port().unwrap_or(RTSP_PORT);

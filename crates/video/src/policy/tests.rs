@@ -289,3 +289,31 @@ async fn files_must_resolve_under_a_root() {
     assert_eq!(judge(&off, &clip).await, Err(UrlRefusal::NoFileRoots));
     drop(dir);
 }
+
+#[tokio::test]
+async fn pushed_rtp_must_be_allowed_and_an_active_sender_is_judged() {
+    let off = policy_with(StreamPolicy::default(), &[]);
+    let refusal = judge(&off, "rtp://0.0.0.0:5004?format=ps").await.unwrap_err();
+    assert!(
+        refusal
+            .to_string()
+            .contains("scheme rtp is not allowed (allowed: rtsp, rtsps)"),
+        "{refusal}"
+    );
+    let on = policy_with(
+        StreamPolicy {
+            allowed_schemes: vec!["rtp".into(), "rtp+tcp".into()],
+            ..StreamPolicy::default()
+        },
+        &[("camera.example", &["10.0.0.7"])],
+    );
+    judge(&on, "rtp://0.0.0.0:5004?format=ps").await.unwrap();
+    judge(&on, "rtp+tcp://0.0.0.0:5004").await.unwrap();
+    judge(&on, "rtp+tcp://camera.example:5004?mode=active")
+        .await
+        .unwrap();
+    let refusal = judge(&on, "rtp+tcp://127.0.0.1:5004?mode=active")
+        .await
+        .unwrap_err();
+    assert!(refusal.to_string().contains("loopback"), "{refusal}");
+}

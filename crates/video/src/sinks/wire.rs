@@ -26,7 +26,9 @@
 //! `seq` counts decoded frames on the stream (gaps are frames that were sampled out or
 //! dropped); `pts_*` is the stream's presentation time from its start; `capture_*` is when
 //! the frame was captured, by the camera's clock through RTCP sender reports
-//! (`clock_source` `"rtcp"`) or, without them, when this server received it (`"local"`);
+//! (`clock_source` `"rtcp"`), for a pushed RTP stream by its RTP timestamps counted from
+//! the arrival of its first packet (`"rtp"`), or else when this server received it
+//! (`"local"`);
 //! `box` is `[x1, y1, x2, y2]` in the frame's pixels; `latency_ms` is glass to result;
 //! `track_id` is present on detections that belong to a confirmed track (streams that
 //! track objects) and is stable while the object is tracked.

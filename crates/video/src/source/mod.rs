@@ -3,9 +3,12 @@
 //!
 //! An [`Opener`] knows how to connect to one stream (an RTSP camera, an mp4 file) and is
 //! called again after every failure; the [`Source`] it returns yields access units until
-//! the stream ends or breaks. [`rtsp`] implements both with retina, [`file`] with re_mp4.
+//! the stream ends or breaks. [`rtsp`] implements both with retina, [`file`] with re_mp4,
+//! [`rtp`] for cameras that push RTP to us (GB28181: MPEG-PS or H.264/H.265, over UDP or
+//! TCP).
 
 pub mod file;
+pub mod rtp;
 pub mod rtsp;
 
 use bytes::Bytes;

@@ -6,6 +6,7 @@
 
 pub mod engine_detector;
 pub mod mqtt;
+pub mod rtp_pusher;
 pub mod tls;
 
 use std::io::{BufRead, BufReader};
