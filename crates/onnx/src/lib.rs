@@ -140,6 +140,17 @@ impl std::fmt::Debug for Rewritten {
     }
 }
 
+/// The model's opset for the default (`ai.onnx`) domain, 0 when it names none.
+pub(crate) fn default_opset(model: &proto::ModelProto) -> i64 {
+    model
+        .opset_import
+        .iter()
+        .filter(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
+        .filter_map(|o| o.version)
+        .max()
+        .unwrap_or(0)
+}
+
 /// The lowest default-domain opset the added operators are written for (`Min` on int64,
 /// `ArgMax` with `select_last_index`).
 const MIN_OPSET: i64 = 12;
@@ -151,13 +162,7 @@ pub fn rewrite(model: &[u8], options: &RewriteOptions) -> Result<Rewritten, Rewr
         return Err(RewriteError::ZeroTopK);
     }
     let mut proto = proto::ModelProto::decode(model).map_err(|e| RewriteError::Decode(e.to_string()))?;
-    let opset = proto
-        .opset_import
-        .iter()
-        .filter(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
-        .filter_map(|o| o.version)
-        .max()
-        .unwrap_or(0);
+    let opset = default_opset(&proto);
     if opset < MIN_OPSET {
         return Err(RewriteError::Opset(opset));
     }

@@ -95,13 +95,7 @@ pub(crate) fn activation_inputs(node: &NodeProto) -> &[String] {
 /// Refuses models this quantizer cannot read: float16 inside, weights stored outside the
 /// file, opset older than 13 (per-channel `DequantizeLinear`).
 pub fn check_model(model: &ModelProto) -> Result<(), QuantizeError> {
-    let opset = model
-        .opset_import
-        .iter()
-        .filter(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
-        .filter_map(|o| o.version)
-        .max()
-        .unwrap_or(0);
+    let opset = crate::default_opset(model);
     if opset < 13 {
         return Err(QuantizeError::Opset(opset));
     }
