@@ -7,9 +7,9 @@
 //! the device does not have, a GPU lost) leaves that gauge out rather than writing a
 //! made-up value.
 
-use std::fmt::Write as _;
-
 use nvml_wrapper::Nvml;
+
+use crate::gauges::{label_value, write_family};
 
 /// Gauge names, as the dashboards and alert rules use them.
 pub const UTILIZATION: &str = "peregrine_gpu_utilization_ratio";
@@ -114,30 +114,16 @@ pub fn write_gpu_gauges(out: &mut String, readings: &[GpuReading]) {
         ),
     ];
     for (name, help, read) in families {
-        let mut typed = false;
-        for reading in readings {
-            let Some(value) = read(reading) else { continue };
-            if !typed {
-                let _ = writeln!(out, "# HELP {name} {help}");
-                let _ = writeln!(out, "# TYPE {name} gauge");
-                typed = true;
-            }
-            let _ = writeln!(
-                out,
-                "{name}{{device=\"{}\",name=\"{}\"}} {value}",
+        let samples = readings.iter().filter_map(|reading| {
+            let labels = format!(
+                "device=\"{}\",name=\"{}\"",
                 reading.index,
-                escape_label(&reading.name)
+                label_value(&reading.name)
             );
-        }
+            read(reading).map(|value| (labels, value))
+        });
+        write_family(out, name, Some(help), samples);
     }
-}
-
-/// A label value as Prometheus' text format writes it.
-fn escape_label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

@@ -1,7 +1,5 @@
 //! Liveness, readiness and the metrics endpoint.
 
-use std::fmt::Write as _;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -9,6 +7,7 @@ use axum::Json;
 
 use peregrine_engine::telemetry::{self, VersionGauges};
 
+use crate::gauges::{label_value, write_family};
 use crate::wire::{ModelReady, ReadyBody};
 use crate::AppState;
 
@@ -86,26 +85,16 @@ fn write_version_gauges(out: &mut String, versions: &[(&str, &str, VersionGauges
         (telemetry::BATCH_DELAY, |g| Some(g.batch_delay.as_secs_f64())),
     ];
     for (name, read) in families {
-        let mut typed = false;
-        for (model, version, gauges) in versions {
-            let Some(value) = read(gauges) else { continue };
-            if !typed {
-                let _ = writeln!(out, "# TYPE {name} gauge");
-                typed = true;
-            }
-            let _ = writeln!(
-                out,
-                "{name}{{model=\"{}\",version=\"{}\"}} {value}",
-                label(model),
-                label(version)
+        let samples = versions.iter().filter_map(|(model, version, gauges)| {
+            let labels = format!(
+                "model=\"{}\",version=\"{}\"",
+                label_value(model),
+                label_value(version)
             );
-        }
+            read(gauges).map(|value| (labels, value))
+        });
+        write_family(out, name, None, samples);
     }
-}
-
-/// A label value as the text format escapes it.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 //!   status codes and to gRPC codes.
 //! - [`profiling`]: live CPU profiles (`/debug/pprof/profile`, admin, off unless enabled);
 //!   [`heap`]: glibc's heap totals (`/debug/pprof/heap`, the same gate).
+//! - `gauges`: hand-written gauge families in the text format (`/metrics`).
 //! - `wire`: request and response bodies.
 //! - `openapi.json`: the API description served at `/openapi.json`.
 //! - `console`: the web console's static files, embedded, under `/ui`.
@@ -36,6 +37,7 @@ mod fallback;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod gauges;
 pub mod gpu_metrics;
 pub mod grpc;
 mod health;
