@@ -8,7 +8,10 @@ stream per second, frames dropped, and the glass-to-result latency (capture to r
 published). A count keeps up when every stream gets at least 95% of its target rate.
 
     scripts/bench-video.py --bin target/release/peregrine --clip ../shared/videos/bigbuckbunny.mp4 \\
-        --fps 5 --streams 2,3,4 [--seconds 15] [--no-tracking] [-- extra serve flags]
+        --fps 5 --streams 2,3,4 [--seconds 15] [--no-tracking] [--decoder nvdec] [-- extra serve flags]
+
+The table also gives the server's CPU use (cores, from /proc) and, with --decoder, how many
+streams the server says decode on NVDEC (`peregrine_stream_decoder`).
 
 Standard library only, so it runs wherever the binary does.
 """
@@ -39,6 +42,9 @@ def metrics(base):
         if name == "peregrine_stream_glass_to_result_seconds_bucket":
             le = math.inf if labels["le"] == "+Inf" else float(labels["le"])
             buckets[le] = buckets.get(le, 0) + value
+        elif name == "peregrine_stream_decoder":
+            key = (name, labels.get("stream"), labels.get("decoder"))
+            counters[key] = value
         elif name.endswith("_total"):
             key = (name, labels.get("stream"), labels.get("reason"))
             counters[key] = counters.get(key, 0) + value
@@ -47,6 +53,13 @@ def metrics(base):
 
 def total(c, name, stream=None):
     return sum(v for (n, s, _), v in c.items() if n == name and (stream is None or s == stream))
+
+
+def cpu_seconds(pid):
+    """A process's user + system CPU time (Linux's /proc; USER_HZ is 100)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100.0
 
 
 def quantile(before, after, q):
@@ -81,6 +94,8 @@ def main():
     ap.add_argument("--settle", type=float, default=5)
     ap.add_argument("--no-tracking", action="store_true",
                     help="streams without analytics (no tracker, zones or events), to price them")
+    ap.add_argument("--decoder", choices=["auto", "cpu", "nvdec"],
+                    help="each stream's decoder (default: the server's --video-decoder)")
     ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
     target = a.fps if a.fps > 0 else CLIP_FPS
@@ -107,8 +122,8 @@ def main():
             sys.exit("the server did not become ready")
         time.sleep(0.2)
     mode = f"{a.fps:g} fps" if a.fps > 0 else "every frame"
-    print(f"| streams | mode | detected / s per stream (min, mean) | dropped / s | glass-to-result P50 / P99 ms | keeps up |")
-    print("|---|---|---|---|---|---|")
+    print(f"| streams | mode | detected / s per stream (min, mean) | dropped / s | glass-to-result P50 / P99 ms | CPU cores (per stream) | on NVDEC | keeps up |")
+    print("|---|---|---|---|---|---|---|---|")
     running = 0
     try:
         for n in [int(x) for x in a.streams.split(",")]:
@@ -120,11 +135,16 @@ def main():
                     body["fps"] = a.fps
                 if a.no_tracking:
                     body["analytics"] = {"tracking": False}
+                if a.decoder:
+                    body["decoder"] = a.decoder
                 post(base, body)
             time.sleep(a.settle)
             c0, b0 = metrics(base)
+            cpu0 = cpu_seconds(proc.pid)
             time.sleep(a.seconds)
             c1, b1 = metrics(base)
+            cores = (cpu_seconds(proc.pid) - cpu0) / a.seconds
+            on_nvdec = sum(1 for (n, _, d), v in c1.items() if n == "peregrine_stream_decoder" and d == "nvdec" and v == 1)
             rates = [(total(c1, "peregrine_stream_frames_detected_total", f"cam{i}")
                       - total(c0, "peregrine_stream_frames_detected_total", f"cam{i}")) / a.seconds
                      for i in range(1, n + 1)]
@@ -132,7 +152,7 @@ def main():
                        - total(c0, "peregrine_stream_frames_dropped_total")) / a.seconds
             p50, p99 = quantile(b0, b1, 0.5) * 1e3, quantile(b0, b1, 0.99) * 1e3
             ok = min(rates) >= 0.95 * target
-            print(f"| {n} | {mode} | {min(rates):.2f}, {sum(rates) / n:.2f} | {dropped:.1f} | {p50:.0f} / {p99:.0f} | {'yes' if ok else 'no'} |",
+            print(f"| {n} | {mode} | {min(rates):.2f}, {sum(rates) / n:.2f} | {dropped:.1f} | {p50:.0f} / {p99:.0f} | {cores:.2f} ({cores / n:.3f}) | {on_nvdec} | {'yes' if ok else 'no'} |",
                   flush=True)
     finally:
         proc.terminate()

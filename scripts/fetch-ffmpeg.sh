@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The video decoder Peregrine links: a minimal static FFmpeg (H.264 and H.265 decoders and
-# parsers, swscale), built from Debian's pinned source tarball into .cache/ffmpeg/<version>/
+# parsers, their NVDEC hardware decoding, swscale), built from Debian's pinned source tarball into .cache/ffmpeg/<version>/
 # (where .cargo/config.toml points ffmpeg-sys-next), so the binary needs no FFmpeg on the
 # machine that runs it. Needs a C compiler, nasm, make, xz and libclang (bindgen reads
-# FFmpeg's headers through it), which scripts/setup.sh installs. About 2.5 minutes on two
+# FFmpeg's headers through it) and NVIDIA's codec headers (libffmpeg-nvenc-dev), which
+# scripts/setup.sh installs. About 2.5 minutes on two
 # cores, once; a finished build is kept.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,8 +15,11 @@ now() { date +%s; }
 ffmpeg_version=5.1.9
 ffmpeg_sha256=d9b593bb2ba93d4b50f74177e0cdcd41747e708596367deed0c30348a71dd176
 ffmpeg_url="https://deb.debian.org/debian/pool/main/f/ffmpeg/ffmpeg_${ffmpeg_version}.orig.tar.xz"
+# The flavour names the build's configuration, so a changed one is rebuilt beside the old
+# (.cargo/config.toml names the same directory).
+flavour=nvdec
 cache="$root/.cache/ffmpeg"
-prefix="$cache/$ffmpeg_version"
+prefix="$cache/$ffmpeg_version-$flavour"
 if [ ! -f "$prefix/.complete" ]; then
     started=$(now)
     mkdir -p "$cache"
@@ -35,6 +39,9 @@ if [ ! -f "$prefix/.complete" ]; then
     # Only what the decoder path uses: H.264/H.265 decoders and parsers, swscale for RGB,
     # pthreads for frame threading. --disable-autodetect keeps out every system library
     # (the binary must run where none of them are installed); PIC so it links into a PIE.
+    # NVDEC (hwaccels h264_nvdec, hevc_nvdec and the CUDA frames they decode into) comes
+    # from the ffnvcodec headers alone: FFmpeg dlopens libcuda and libnvcuvid when a
+    # decoder asks for it, so machines without a GPU run the same binary.
     (
         cd "$src"
         ./configure --prefix="$prefix" \
@@ -42,6 +49,7 @@ if [ ! -f "$prefix/.complete" ]; then
             --disable-avformat --disable-avdevice --disable-avfilter --disable-swresample \
             --disable-postproc --disable-network --disable-debug \
             --enable-decoder=h264,hevc --enable-parser=h264,hevc \
+            --enable-ffnvcodec --enable-nvdec --enable-hwaccel=h264_nvdec,hevc_nvdec \
             --enable-swscale --enable-pthreads \
             --enable-pic --enable-static --disable-shared >"$cache/configure-$ffmpeg_version.log"
         make -j"$(nproc)" >"$cache/make-$ffmpeg_version.log" 2>&1

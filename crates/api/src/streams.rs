@@ -67,6 +67,11 @@ fn report_json(r: &StreamReport) -> Value {
             "reconnects": c.reconnects,
         },
         "frames_in_use": r.frames_in_use,
+        "decoder": {
+            "requested": r.decoder.requested.as_str(),
+            "active": r.decoder.active.map(|a| a.as_str()),
+            "reason": r.decoder.reason,
+        },
         "config": {
             "url": cfg.url,
             "transport": format!("{:?}", cfg.transport).to_lowercase(),
@@ -75,6 +80,7 @@ fn report_json(r: &StreamReport) -> Value {
             "connect_timeout_ms": cfg.connect_timeout_ms,
             "frame_timeout_ms": cfg.frame_timeout_ms,
             "frame_pool": cfg.frame_pool,
+            "decoder": cfg.decoder.map(|d| d.as_str()),
             "loop": cfg.looped,
             "realtime": cfg.realtime,
             "analytics": {

@@ -129,6 +129,14 @@ fn peregrine_onnx_top_k() -> usize {
 }
 
 impl ProviderArgs {
+    /// The GPU the models run on; `None` on the CPU provider.
+    pub fn gpu_device(&self) -> Option<i32> {
+        match self.provider {
+            ProviderKind::Cpu => None,
+            ProviderKind::Cuda | ProviderKind::Tensorrt => Some(self.device_id),
+        }
+    }
+
     pub fn provider(&self) -> ExecutionProvider {
         match self.provider {
             ProviderKind::Cpu => ExecutionProvider::Cpu,

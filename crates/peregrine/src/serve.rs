@@ -266,6 +266,10 @@ async fn start_video(
         model: s.stream_model.clone(),
     }));
     options.stream_policy = s.stream_policy.clone();
+    options.decoder = peregrine_video::DecoderDefaults {
+        kind: s.video_decoder,
+        model_gpu: s.provider.gpu_device(),
+    };
     options.sinks = configured.queues();
     options.sinks.extend(store.as_ref().map(StoreSink::queue));
     options.shard = s.shard.assignment()?;

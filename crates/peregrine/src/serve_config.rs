@@ -51,6 +51,8 @@ pub struct ServeSettings {
     pub ort_lib: Option<PathBuf>,
     /// Model the video streams' frames go to [default: the only model].
     pub stream_model: Option<String>,
+    /// Decoder of the streams that name none: auto, cpu or nvdec.
+    pub video_decoder: peregrine_video::DecoderKind,
     /// Video streams started with the server (`[[streams]]`; more can be added at run time).
     pub streams: Vec<peregrine_video::StreamConfig>,
     /// MQTT broker the streams' detections are published to (`[mqtt]`).
@@ -119,6 +121,7 @@ impl Default for ServeSettings {
             malloc_mmap_threshold: 1 << 20,
             ort_lib: model.session.runtime_path.clone(),
             stream_model: None,
+            video_decoder: Default::default(),
             streams: Vec::new(),
             mqtt: None,
             webhooks: Vec::new(),
@@ -183,6 +186,11 @@ pub struct ServeArgs {
     /// /v1/streams).
     #[arg(long, env = "PEREGRINE_STREAM_MODEL")]
     pub stream_model: Option<String>,
+    /// Decoder of the video streams that name none (a stream's own `decoder` wins): `auto`
+    /// decodes with NVDEC on the models' GPU (cuda, tensorrt providers) where NVDEC takes
+    /// the stream and on the CPU otherwise; `cpu`; `nvdec` (no fallback) [default: auto].
+    #[arg(long, env = "PEREGRINE_VIDEO_DECODER")]
+    pub video_decoder: Option<peregrine_video::DecoderKind>,
     /// Model of /v1/detect requests that name none [default: the only model, when there is
     /// one].
     #[arg(long, env = "PEREGRINE_DEFAULT_MODEL")]
@@ -346,7 +354,8 @@ impl ServeArgs {
             jpeg_dct_scaling,
             shed_on_backlog,
             malloc_mmap_threshold,
-            shutdown_timeout_s
+            shutdown_timeout_s,
+            video_decoder
         );
         take_opt!(
             model,
@@ -501,6 +510,20 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(args.resolve().unwrap().stream_model.as_deref(), Some("det"));
+    }
+
+    #[test]
+    fn the_video_decoder_defaults_to_auto_and_the_flag_sets_it() {
+        use peregrine_video::DecoderKind;
+        assert_eq!(
+            ServeArgs::default().resolve().unwrap().video_decoder,
+            DecoderKind::Auto
+        );
+        let args = ServeArgs {
+            video_decoder: Some(DecoderKind::Cpu),
+            ..Default::default()
+        };
+        assert_eq!(args.resolve().unwrap().video_decoder, DecoderKind::Cpu);
     }
 
     #[test]

@@ -8,7 +8,11 @@
 //! ```text
 //! cargo run --release --example capacity -- --streams 1,2,4 --fps 5 --detector fake
 //! cargo run --release --example capacity -- --streams 1,2 --fps 0 --detector cpu --model-threads 2
+//! cargo run --release --example capacity -- --streams 50,100 --fps 0 --decoder nvdec --clip street-1080p.mp4
 //! ```
+//!
+//! `--decoder cpu|nvdec|auto` picks the streams' decoder (auto as on a GPU server); the
+//! table gives the process's CPU use (from /proc) beside the frame rates.
 //!
 //! `--fps 0` detects every frame. `--detector fake` answers at once with nothing (decode
 //! capacity); `--detector cpu` runs yolo11n on ONNX Runtime's CPU provider (set
@@ -24,7 +28,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use hdrhistogram::Histogram;
 use peregrine_types::Detection;
-use peregrine_video::{CounterSnapshot, DropReason};
+use peregrine_video::{CounterSnapshot, DecoderDefaults, DecoderKind, DropReason};
 use peregrine_video::{DetectError, Frame, FrameDetector, ManagerOptions, StreamConfig, StreamManager};
 
 /// Costs nothing: measures everything but the model.
@@ -52,6 +56,7 @@ struct Args {
     model_threads: usize,
     max_batch: usize,
     staleness_ms: u64,
+    decoder: DecoderKind,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -66,6 +71,7 @@ fn parse_args() -> Result<Args, String> {
         model_threads: 0,
         max_batch: 4,
         staleness_ms: 1000,
+        decoder: DecoderKind::Cpu,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -87,6 +93,7 @@ fn parse_args() -> Result<Args, String> {
             "--model-threads" => a.model_threads = num(value()?)? as usize,
             "--max-batch" => a.max_batch = num(value()?)? as usize,
             "--staleness-ms" => a.staleness_ms = num(value()?)?,
+            "--decoder" => a.decoder = value()?.parse()?,
             other => return Err(format!("unknown flag {other} (see the example's doc comment)")),
         }
     }
@@ -143,6 +150,10 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
         })
         .collect();
     let mut options = ManagerOptions::new(detector);
+    options.decoder = DecoderDefaults {
+        kind: args.decoder,
+        model_gpu: Some(0),
+    };
     // The clip's folder is the one file root the streams need.
     let folder = args.clip.parent().filter(|p| !p.as_os_str().is_empty());
     options.stream_policy.file_roots = vec![folder.unwrap_or(std::path::Path::new(".")).to_path_buf()];
@@ -165,7 +176,11 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
     });
     tokio::time::sleep(Duration::from_secs(args.warmup)).await;
     measuring.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Ok(r) = manager.status("cam0").await {
+        println!("  cam0's decoder: {:?}", r.decoder);
+    }
     let start = snapshot(&manager, n).await;
+    let cpu_start = cpu_seconds();
     let started = Instant::now();
     let mut last = start.clone();
     for _ in 0..args.seconds {
@@ -180,6 +195,7 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
         last = now;
     }
     let secs = started.elapsed().as_secs_f64();
+    let cores = (cpu_seconds() - cpu_start) / secs;
     let end = snapshot(&manager, n).await;
     manager.shutdown().await.expect("shutdown");
     collector.abort();
@@ -189,15 +205,31 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
     let detected = (end.frames_detected - start.frames_detected) as f64 / secs;
     let keeps_up = decoded >= 0.97 * n as f64 * 25.0 && detected >= 0.95 * target;
     format!(
-        "| {n} | {decoded:.1} | {detected:.1} / {target:.0} | {} | {:.1} | {:.1} | {} |",
+        "| {n} | {decoded:.1} | {detected:.1} / {target:.0} | {} | {:.1} | {:.1} | {cores:.2} ({:.3}) | {} |",
         match drops_text(&end, &start, secs) {
             s if s.is_empty() => "-".to_string(),
             s => s,
         },
         h.value_at_quantile(0.5) as f64 / 1000.0,
         h.value_at_quantile(0.99) as f64 / 1000.0,
+        cores / n as f64,
         if keeps_up { "yes" } else { "no" }
     )
+}
+
+/// This process's user and system CPU time so far, in seconds (Linux's /proc).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at its closing ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; USER_HZ
+    // is 100 on every Linux this runs on.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 #[tokio::main]
@@ -253,8 +285,8 @@ async fn main() {
     for &n in &args.streams {
         rows.push(run(&args, detector.clone(), n).await);
     }
-    println!("\n| streams | decoded/s | detected/s (target) | dropped/s by reason | glass-to-result P50 ms | P99 ms | keeps up |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("\n| streams | decoded/s | detected/s (target) | dropped/s by reason | glass-to-result P50 ms | P99 ms | CPU cores (per stream) | keeps up |");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!("{r}");
     }

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 pub use crate::analytics::config::AnalyticsConfig;
 use crate::backoff::BackoffPolicy;
+use crate::decode::DecoderKind;
 use crate::policy::{UrlPolicy, UrlRefusal};
 use crate::sinks::mqtt::MqttConfig;
 use crate::sinks::webhook::WebhookConfig;
@@ -67,6 +68,10 @@ pub struct StreamConfig {
     /// FFmpeg frame threads for this stream's decoder (each adds a frame of latency).
     #[serde(default = "defaults::decode_threads")]
     pub decode_threads: usize,
+    /// `auto`, `cpu` or `nvdec` (absent: the server's `--video-decoder`). `auto` decodes on
+    /// the models' GPU with NVDEC where it takes the stream, else on the CPU.
+    #[serde(default)]
+    pub decoder: Option<DecoderKind>,
     /// Access units queued for the decode thread before the source skips to a key frame.
     #[serde(default = "defaults::decode_queue")]
     pub decode_queue: usize,
@@ -100,6 +105,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("frame_timeout_ms", &self.frame_timeout_ms)
             .field("decode_threads", &self.decode_threads)
+            .field("decoder", &self.decoder)
             .field("decode_queue", &self.decode_queue)
             .field("frame_pool", &self.frame_pool)
             .field("backoff", &self.backoff)
@@ -218,6 +224,7 @@ impl StreamConfig {
             connect_timeout_ms: defaults::connect_timeout_ms(),
             frame_timeout_ms: defaults::frame_timeout_ms(),
             decode_threads: defaults::decode_threads(),
+            decoder: None,
             decode_queue: defaults::decode_queue(),
             frame_pool: defaults::frame_pool(),
             backoff: BackoffConfig::default(),

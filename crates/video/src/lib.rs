@@ -55,7 +55,10 @@ pub use analytics::report::{AnalyticsReport, LineReport, ZoneReport};
 pub use analytics::worker::LatestPicture;
 pub use config::{BackoffConfig, ConfigError, StreamConfig, VideoConfig};
 pub use decode::worker::live_decode_threads;
-pub use decode::{Codec, DecodeError, DecodedPicture, DecoderConfig, VideoDecoder};
+pub use decode::{
+    ActiveDecoder, Codec, DecodeError, DecodePlan, DecodedPicture, DecoderConfig, DecoderDefaults,
+    DecoderKind, DecoderStatus, Hardware, VideoDecoder,
+};
 pub use detect::{DetectError, FrameDetector};
 pub use event::{
     CrossDirection, DetectionEvent, ObjectChange, ObjectEvent, ObjectEventKind, ObjectState, SinkMessage,

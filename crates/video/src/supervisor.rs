@@ -453,6 +453,8 @@ mod tests {
                 queue: 4 * CLIP_FRAMES,
                 pool: FramePool::new(2),
                 clock: Arc::new(SystemWallClock),
+                plan: crate::decode::DecodePlan::Cpu { reason: None },
+                status: crate::decode::DecoderStatusCell::new(crate::decode::DecoderKind::Cpu),
             },
             Arc::new(LatestSlot::default()),
             counters.clone(),

@@ -26,6 +26,8 @@ pub const ZONE_OBJECTS: &str = "peregrine_zone_objects";
 pub const LINE_CROSSINGS: &str = "peregrine_line_crossings_total";
 /// Object events (`stream`, `type`: object.start, zone.enter, ...).
 pub const OBJECT_EVENTS: &str = "peregrine_object_events_total";
+/// 1 for what decodes a stream now (`stream`, `decoder`: cpu or nvdec), 0 for the other.
+pub const STREAM_DECODER: &str = "peregrine_stream_decoder";
 /// Object events the event store dropped (its queue was full) or failed to write.
 pub const STORE_DROPPED: &str = "peregrine_event_store_dropped_total";
 
@@ -213,6 +215,15 @@ pub fn line_crossed(stream: &str, line: &str, direction: &'static str, class: &s
 
 pub fn object_event(stream: &str, kind: &'static str) {
     counter!(OBJECT_EVENTS, "stream" => stream.to_string(), "type" => kind).increment(1);
+}
+
+/// Sets [`STREAM_DECODER`] for `stream` (`None`: neither decodes).
+pub fn decoder_active(stream: &str, active: Option<crate::decode::ActiveDecoder>) {
+    use crate::decode::ActiveDecoder;
+    for kind in [ActiveDecoder::Cpu, ActiveDecoder::Nvdec] {
+        gauge!(STREAM_DECODER, "stream" => stream.to_string(), "decoder" => kind.as_str())
+            .set(f64::from(u8::from(active == Some(kind))));
+    }
 }
 
 pub fn store_dropped(reason: &'static str) {

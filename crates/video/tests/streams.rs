@@ -15,6 +15,7 @@ use futures_util::future::BoxFuture;
 
 use peregrine_video::DropReason;
 use peregrine_video::RtspTransport;
+use peregrine_video::{ActiveDecoder, DecoderDefaults, DecoderKind};
 use peregrine_video::{
     ClockSource, HostResolver, ManagerError, ManagerOptions, ShardAssignment, SkippedStream, StreamManager,
     StreamStatus,
@@ -246,4 +247,80 @@ async fn a_camera_whose_name_turns_to_loopback_is_refused_at_the_reconnect() {
         "nothing of the refused stream was started"
     );
     manager.shutdown().await.unwrap();
+}
+
+/// The decoder a stream asks for against what the machine has. Without an NVIDIA driver
+/// (CI), `auto` on a server whose models run on GPU 0 decodes on the CPU and says why,
+/// `nvdec` decodes nothing and says why, `cpu` just decodes; on a GPU machine the first
+/// two decode on NVDEC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decoders_fall_back_to_the_cpu_with_a_reason_or_fail_saying_why() {
+    let mut options = local_options(instant_detector());
+    options.decoder = DecoderDefaults {
+        kind: DecoderKind::Auto,
+        model_gpu: Some(0),
+    };
+    let url = shared_clip("bikes.mp4").display().to_string();
+    let stream = |name: &str, decoder: Option<DecoderKind>| {
+        let mut c = camera(name, url.clone(), RtspTransport::Tcp, None);
+        c.looped = true;
+        c.decoder = decoder;
+        c
+    };
+    let streams = vec![
+        stream("auto", None),
+        stream("nvdec", Some(DecoderKind::Nvdec)),
+        stream("cpu", Some(DecoderKind::Cpu)),
+    ];
+    let manager = StreamManager::start(options, streams).await.unwrap();
+    let started = Instant::now();
+    let reports = loop {
+        let mut reports = BTreeMap::new();
+        for name in ["auto", "nvdec", "cpu"] {
+            reports.insert(name, manager.status(name).await.unwrap());
+        }
+        let settled = reports
+            .values()
+            .all(|r| r.decoder.active.is_some() || r.decoder.reason.is_some());
+        let decoding = ["auto", "cpu"]
+            .iter()
+            .all(|n| reports[n].counters.frames_decoded > 0);
+        if settled && decoding {
+            break reports;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "decoders never settled: {:?}",
+            reports.values().map(|r| &r.decoder).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let cpu = &reports["cpu"].decoder;
+    assert_eq!(
+        (cpu.requested, cpu.active, cpu.reason.as_deref()),
+        (DecoderKind::Cpu, Some(ActiveDecoder::Cpu), None)
+    );
+    let (auto, nvdec) = (&reports["auto"].decoder, &reports["nvdec"].decoder);
+    assert_eq!(
+        (auto.requested, nvdec.requested),
+        (DecoderKind::Auto, DecoderKind::Nvdec)
+    );
+    if auto.active == Some(ActiveDecoder::Nvdec) {
+        eprintln!("this machine has NVDEC: both GPU streams decode there");
+        assert_eq!(
+            (nvdec.active, nvdec.reason.as_deref()),
+            (Some(ActiveDecoder::Nvdec), None)
+        );
+        return;
+    }
+    assert_eq!(auto.active, Some(ActiveDecoder::Cpu));
+    let reason = auto.reason.as_deref().unwrap_or_default();
+    assert!(reason.contains("NVDEC") || reason.contains("CUDA"), "{reason}");
+    assert_eq!(nvdec.active, None);
+    assert_eq!(
+        nvdec.reason.as_deref(),
+        Some(reason),
+        "both fail for the same reason"
+    );
+    assert_eq!(reports["nvdec"].counters.frames_decoded, 0);
 }

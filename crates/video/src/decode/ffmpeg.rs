@@ -2,13 +2,15 @@
 //! ffmpeg-sys-next's generated bindings, behind an owned [`VideoDecoder`].
 //!
 //! FFmpeg is linked statically (built by `scripts/fetch-ffmpeg.sh`), so these calls reach the
-//! minimal build made there: two decoders, their parsers, swscale and pthreads.
+//! minimal build made there: two decoders, their parsers and NVDEC hwaccels, swscale and
+//! pthreads. The NVDEC specifics are in [`super::nvdec`].
 
 use std::ffi::{c_int, CStr};
 use std::ptr;
 
 use ffmpeg_sys_next as ff;
 
+use super::nvdec::{self, FormatChoice, FormatOutcome, HostCopy, Planes};
 use super::DecodeError;
 
 /// Compressed formats the decoder takes.
@@ -46,7 +48,17 @@ pub struct DecoderConfig {
     pub threads: usize,
 }
 
-fn error_text(code: c_int) -> String {
+/// Where a decoder runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Hardware {
+    #[default]
+    Cpu,
+    /// NVDEC on GPU `device`; unless `required`, FFmpeg's software decoder takes over for a
+    /// stream NVDEC does not decode.
+    Nvdec { device: i32, required: bool },
+}
+
+pub(super) fn error_text(code: c_int) -> String {
     let mut buf = [0 as std::ffi::c_char; 128];
     // SAFETY: `buf` is writable for its whole length and av_strerror NUL-terminates it.
     unsafe {
@@ -62,6 +74,9 @@ pub struct VideoDecoder {
     packet: *mut ff::AVPacket,
     frame: *mut ff::AVFrame,
     scaler: Scaler,
+    /// Set for NVDEC: FFmpeg's `get_format` callback records its choice here (`opaque`).
+    hardware: Option<Box<FormatChoice>>,
+    host: HostCopy,
     /// FFmpeg reads up to AV_INPUT_BUFFER_PADDING_SIZE bytes past a packet's end, so every
     /// access unit is copied into this zero-padded buffer first.
     padded: Vec<u8>,
@@ -81,7 +96,15 @@ impl std::fmt::Debug for VideoDecoder {
 }
 
 impl VideoDecoder {
+    /// A decoder on the CPU.
     pub fn open(config: &DecoderConfig) -> Result<Self, DecodeError> {
+        Self::open_on(config, Hardware::Cpu)
+    }
+
+    /// A decoder on `hardware`. NVDEC is an error here only when the GPU cannot be reached
+    /// at all; whether it takes this stream shows with the first picture
+    /// ([`Self::hardware_outcome`]).
+    pub fn open_on(config: &DecoderConfig, hardware: Hardware) -> Result<Self, DecodeError> {
         // SAFETY: plain FFmpeg allocation calls; every pointer is checked before use and
         // owned by `Self` (freed in Drop) from the moment the struct is built.
         unsafe {
@@ -92,11 +115,13 @@ impl VideoDecoder {
             let ctx = ff::avcodec_alloc_context3(codec);
             let packet = ff::av_packet_alloc();
             let frame = ff::av_frame_alloc();
-            let this = Self {
+            let mut this = Self {
                 ctx,
                 packet,
                 frame,
                 scaler: Scaler::default(),
+                hardware: None,
+                host: HostCopy::default(),
                 padded: Vec::new(),
                 codec: config.codec,
             };
@@ -116,6 +141,15 @@ impl VideoDecoder {
             }
             (*ctx).thread_count = c_int::try_from(config.threads).unwrap_or(0);
             (*ctx).thread_type = ff::FF_THREAD_FRAME as c_int;
+            if let Hardware::Nvdec { device, required } = hardware {
+                (*ctx).hw_device_ctx = nvdec::device_ref(device).map_err(DecodeError::NvdecUnavailable)?;
+                let choice = this.hardware.insert(FormatChoice::new(required));
+                (*ctx).opaque = &mut **choice as *mut FormatChoice as *mut std::ffi::c_void;
+                (*ctx).get_format = Some(nvdec::choose_format);
+                // NVDEC decodes asynchronously on its own; frame threads would only add
+                // delay and surfaces.
+                (*ctx).thread_count = 1;
+            }
             let rc = ff::avcodec_open2(ctx, codec, ptr::null_mut());
             if rc < 0 {
                 return Err(DecodeError::Open(error_text(rc)));
@@ -126,6 +160,11 @@ impl VideoDecoder {
 
     pub fn codec(&self) -> Codec {
         self.codec
+    }
+
+    /// `None` for a CPU decoder; for NVDEC, whether it took the stream.
+    pub fn hardware_outcome(&self) -> Option<FormatOutcome> {
+        self.hardware.as_ref().map(|h| h.outcome())
     }
 
     /// Feeds one access unit (`pts` in the caller's units, handed back with each picture)
@@ -201,6 +240,7 @@ impl VideoDecoder {
             on_picture(DecodedPicture {
                 frame: self.frame,
                 scaler: &mut self.scaler,
+                host: &mut self.host,
                 width,
                 height,
                 pts,
@@ -228,6 +268,7 @@ impl Drop for VideoDecoder {
 pub struct DecodedPicture<'a> {
     frame: *const ff::AVFrame,
     scaler: &'a mut Scaler,
+    host: &'a mut HostCopy,
     pub width: u32,
     pub height: u32,
     /// The `pts` given with the access unit this picture came from.
@@ -246,7 +287,16 @@ impl DecodedPicture<'_> {
         // holds `rows` rows of `stride` bytes, which is all swscale writes for one plane.
         unsafe {
             let f = &*self.frame;
-            let sws = self.scaler.prepare(f)?;
+            let planes = if f.format == ff::AVPixelFormat::AV_PIX_FMT_CUDA as c_int {
+                self.host.download(self.frame)?
+            } else {
+                Planes {
+                    format: pixel_format(f.format)?,
+                    data: f.data.map(|p| p as *const u8),
+                    linesize: f.linesize,
+                }
+            };
+            let sws = self.scaler.prepare(f, planes.format)?;
             let dst = [
                 out.as_mut_ptr(),
                 ptr::null_mut(),
@@ -256,8 +306,8 @@ impl DecodedPicture<'_> {
             let dst_stride = [stride_c, 0, 0, 0];
             let done = ff::sws_scale(
                 sws,
-                f.data.as_ptr() as *const *const u8,
-                f.linesize.as_ptr(),
+                planes.data.as_ptr(),
+                planes.linesize.as_ptr(),
                 0,
                 f.height,
                 dst.as_ptr(),
@@ -269,6 +319,15 @@ impl DecodedPicture<'_> {
         }
         Ok(())
     }
+}
+
+/// A decoded frame's `format` as the enum.
+fn pixel_format(format: c_int) -> Result<ff::AVPixelFormat, DecodeError> {
+    if format < 0 {
+        return Err(DecodeError::Convert);
+    }
+    // SAFETY: a non-negative `format` of a decoded frame is one of FFmpeg's own values.
+    Ok(unsafe { std::mem::transmute::<c_int, ff::AVPixelFormat>(format) })
 }
 
 /// swscale's context, rebuilt only when the input's size, format or colour description
@@ -289,23 +348,22 @@ impl Default for Scaler {
 
 impl Scaler {
     /// # Safety
-    /// `f` must be a valid decoded frame.
-    unsafe fn prepare(&mut self, f: &ff::AVFrame) -> Result<*mut ff::SwsContext, DecodeError> {
+    /// `f` must be a valid decoded frame, its pixels (or a host copy's) in `src_format`.
+    unsafe fn prepare(
+        &mut self,
+        f: &ff::AVFrame,
+        src_format: ff::AVPixelFormat,
+    ) -> Result<*mut ff::SwsContext, DecodeError> {
         let key = (
             f.width,
             f.height,
-            f.format,
+            src_format as c_int,
             f.colorspace as c_int,
             f.color_range as c_int,
         );
         if !self.ctx.is_null() && key == self.key {
             return Ok(self.ctx);
         }
-        if f.format < 0 {
-            return Err(DecodeError::Convert);
-        }
-        // SAFETY (caller): `format` comes from the decoder, so it is a valid AVPixelFormat.
-        let src_format: ff::AVPixelFormat = std::mem::transmute::<c_int, ff::AVPixelFormat>(f.format);
         // Same size in and out: swscale takes its unscaled YUV-to-RGB path.
         let ctx = ff::sws_getCachedContext(
             self.ctx,

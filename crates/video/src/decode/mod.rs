@@ -2,9 +2,14 @@
 //! ([`worker`]) that turns access units into sampled, pooled RGB frames.
 
 pub mod ffmpeg;
+pub mod hardware;
+pub mod nvdec;
 pub mod worker;
 
-pub use ffmpeg::{Codec, DecodedPicture, DecoderConfig, VideoDecoder};
+pub use ffmpeg::{Codec, DecodedPicture, DecoderConfig, Hardware, VideoDecoder};
+pub use hardware::{
+    ActiveDecoder, DecodePlan, DecoderDefaults, DecoderKind, DecoderStatus, DecoderStatusCell,
+};
 pub use worker::{DecodeWorker, DecodeWorkerConfig};
 
 /// What can go wrong between compressed bytes and an RGB frame.
@@ -26,4 +31,8 @@ pub enum DecodeError {
     OutputTooSmall,
     #[error("colour conversion to RGB failed")]
     Convert,
+    #[error("NVDEC is unavailable: {0}")]
+    NvdecUnavailable(String),
+    #[error("copying a decoded picture from the GPU failed: {0}")]
+    Download(String),
 }

@@ -11,7 +11,9 @@ use tokio::sync::mpsc::{self, error::TrySendError, Receiver, Sender};
 
 use tokio::time::Instant;
 
-use super::{DecodedPicture, DecoderConfig, VideoDecoder};
+use super::hardware::{ActiveDecoder, DecodePlan, DecoderStatusCell};
+use super::nvdec::FormatOutcome;
+use super::{DecodeError, DecodedPicture, DecoderConfig, Hardware, VideoDecoder};
 use crate::frame::{CaptureTime, ClockSource, Frame, FrameMeta, FramePool, Pts};
 use crate::latest::LatestSlot;
 use crate::sampling::FrameSampler;
@@ -55,6 +57,10 @@ pub struct DecodeWorkerConfig {
     pub pool: FramePool,
     /// Stamps pictures whose access unit's capture time was lost.
     pub clock: Arc<dyn WallClock>,
+    /// CPU or NVDEC ([`crate::DecoderDefaults::plan`]).
+    pub plan: DecodePlan,
+    /// Where the thread says what decodes (the stream's status reads it).
+    pub status: DecoderStatusCell,
 }
 
 /// The source side's handle to a stream's decode thread.
@@ -195,6 +201,8 @@ struct DecodeThread {
     /// The epoch of the open that made `decoder`.
     decoder_epoch: u64,
     picture_epoch: Arc<AtomicU64>,
+    /// An NVDEC decoder whose acceptance of the stream is not known yet.
+    hardware_pending: bool,
 }
 
 impl DecodeThread {
@@ -214,6 +222,7 @@ impl DecodeThread {
             next_seq: 0,
             decoder_epoch: 0,
             picture_epoch,
+            hardware_pending: false,
         }
     }
 
@@ -233,10 +242,73 @@ impl DecodeThread {
         // The previous connection's pictures still in the old decoder are stale: drop them.
         self.decoder = None;
         self.pending.clear();
-        match VideoDecoder::open(config) {
-            Ok(d) => self.decoder = Some(d),
-            Err(e) => tracing::warn!(stream = %self.config.stream, error = %e, "cannot open decoder"),
+        self.hardware_pending = false;
+        let (hardware, cpu_reason) = match &self.config.plan {
+            DecodePlan::Cpu { reason } => (Hardware::Cpu, reason.clone()),
+            &DecodePlan::Nvdec { device, required } => (Hardware::Nvdec { device, required }, None),
+        };
+        let required = matches!(hardware, Hardware::Nvdec { required: true, .. });
+        let opened = match VideoDecoder::open_on(config, hardware) {
+            Err(e @ DecodeError::NvdecUnavailable(_)) if !required => {
+                // `auto`: the CPU decodes, and the status says why.
+                VideoDecoder::open(config)
+                    .inspect(|_| self.report(Some(ActiveDecoder::Cpu), Some(e.to_string())))
+            }
+            Ok(d) if hardware == Hardware::Cpu => {
+                self.report(Some(ActiveDecoder::Cpu), cpu_reason);
+                Ok(d)
+            }
+            other => other,
+        };
+        match opened {
+            Ok(d) => {
+                self.hardware_pending = d.hardware_outcome().is_some();
+                self.decoder = Some(d);
+            }
+            Err(e) => {
+                tracing::warn!(stream = %self.config.stream, error = %e, "cannot open decoder");
+                if required {
+                    self.report(None, Some(e.to_string()));
+                }
+            }
         }
+    }
+
+    /// Records what decodes, logging and counting each change once.
+    fn report(&self, active: Option<ActiveDecoder>, reason: Option<String>) {
+        if !self.config.status.set(active, reason.clone()) {
+            return;
+        }
+        crate::telemetry::decoder_active(&self.config.stream, active);
+        match (active, reason) {
+            (Some(active), None) => {
+                tracing::info!(stream = %self.config.stream, decoder = active.as_str(), "decoding")
+            }
+            (active, Some(reason)) => tracing::warn!(
+                stream = %self.config.stream,
+                decoder = active.map_or("none", ActiveDecoder::as_str),
+                %reason,
+                "not decoding on NVDEC"
+            ),
+            (None, None) => {}
+        }
+    }
+
+    /// After NVDEC saw the stream's parameters: did it take the stream?
+    fn check_hardware(&mut self, decoder: &VideoDecoder) {
+        const NOT_OFFERED: &str =
+            "NVDEC does not decode this stream (its codec profile, bit depth or size), or libnvcuvid is missing";
+        let required = matches!(self.config.plan, DecodePlan::Nvdec { required: true, .. });
+        match decoder.hardware_outcome() {
+            Some(FormatOutcome::Pending) => return,
+            Some(FormatOutcome::Hardware) => self.report(Some(ActiveDecoder::Nvdec), None),
+            Some(FormatOutcome::NotOffered) if required => self.report(None, Some(NOT_OFFERED.into())),
+            Some(FormatOutcome::NotOffered) => {
+                self.report(Some(ActiveDecoder::Cpu), Some(NOT_OFFERED.into()))
+            }
+            None => {}
+        }
+        self.hardware_pending = false;
     }
 
     fn decode(&mut self, frame: EncodedFrame) {
@@ -252,6 +324,9 @@ impl DecodeThread {
         if let Err(e) = result {
             self.counters.dropped(DropReason::DecodeError);
             tracing::debug!(stream = %self.config.stream, error = %e, "access unit dropped");
+        }
+        if self.hardware_pending {
+            self.check_hardware(&decoder);
         }
         self.decoder = Some(decoder);
     }

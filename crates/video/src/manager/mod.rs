@@ -21,7 +21,7 @@ use crate::analytics::config::{LineConfig, ZoneConfig};
 use crate::analytics::report::AnalyticsReport;
 use crate::analytics::worker::{self as analytics, LatestPicture, StageMessage};
 use crate::config::{redact_url, ConfigError, StreamConfig};
-use crate::decode::{DecodeWorker, DecodeWorkerConfig};
+use crate::decode::{DecodeWorker, DecodeWorkerConfig, DecoderDefaults, DecoderStatus, DecoderStatusCell};
 use crate::detect::{DetectionTask, FrameDetector, FrameOutput};
 use crate::event::{DetectionEvent, StreamStatus};
 use crate::fanout::{EventFanout, EventSubscription, ObjectSubscription, SinkQueue, StreamPublisher};
@@ -107,6 +107,8 @@ pub struct ManagerOptions {
     pub stream_policy: StreamPolicy,
     /// Resolves camera host names for the policy (the system's unless a test answers).
     pub resolver: Arc<dyn HostResolver>,
+    /// The decoder of streams that name none, and the GPU `auto` decodes on.
+    pub decoder: DecoderDefaults,
 }
 
 impl ManagerOptions {
@@ -120,6 +122,7 @@ impl ManagerOptions {
             shard: ShardAssignment::default(),
             stream_policy: StreamPolicy::default(),
             resolver: Arc::new(SystemResolver),
+            decoder: DecoderDefaults::default(),
         }
     }
 }
@@ -144,6 +147,8 @@ pub struct StreamReport {
     pub config: StreamConfig,
     /// Frame buffers in use (of `config.frame_pool`).
     pub frames_in_use: usize,
+    /// What decodes the stream (CPU or NVDEC) and why.
+    pub decoder: DecoderStatus,
 }
 
 enum Command {
@@ -245,6 +250,7 @@ struct RunningStream {
     counters: Arc<StreamCounters>,
     events: broadcast::Sender<Arc<DetectionEvent>>,
     pool: FramePool,
+    decoder: DecoderStatusCell,
     stop: watch::Sender<bool>,
     supervisor: JoinHandle<()>,
     detection: JoinHandle<()>,
@@ -325,6 +331,7 @@ impl Owner {
                             counters: s.counters.snapshot(),
                             config: s.config.redacted(),
                             frames_in_use: s.pool.outstanding(),
+                            decoder: s.decoder.get(),
                         })
                         .ok_or_else(|| self.missing(name));
                     let _ = reply.send(report);
@@ -427,6 +434,7 @@ impl Owner {
         let counters = StreamCounters::new(&name);
         let pool = FramePool::new(config.frame_pool);
         let slot = Arc::new(LatestSlot::default());
+        let decoder = DecoderStatusCell::new(config.decoder.unwrap_or(self.options.decoder.kind));
         let worker = DecodeWorker::spawn(
             DecodeWorkerConfig {
                 stream: name.clone(),
@@ -434,6 +442,8 @@ impl Owner {
                 queue: config.decode_queue,
                 pool: pool.clone(),
                 clock: self.options.clock.clone(),
+                plan: self.options.decoder.plan(config.decoder),
+                status: decoder.clone(),
             },
             slot.clone(),
             counters.clone(),
@@ -488,6 +498,7 @@ impl Owner {
             counters,
             events,
             pool,
+            decoder,
             stop: stop_tx,
             supervisor: tokio::spawn(supervisor.run()),
             detection: tokio::spawn(detection.run()),

@@ -1,0 +1,224 @@
+//! Which decoder a stream uses: the choice a stream or the server asks for, the plan made
+//! from it and what the machine offers, and what actually decoded (the stream's status).
+//! Pure: the FFmpeg side is in [`super::nvdec`].
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Deserialize;
+
+/// `decoder = "auto" | "cpu" | "nvdec"` (a stream's, or the server's default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DecoderKind {
+    /// NVDEC when the models run on a GPU (the CUDA or TensorRT provider) and NVDEC takes
+    /// the stream's codec and profile; the CPU otherwise, with the reason in the status.
+    #[default]
+    Auto,
+    /// FFmpeg's software decoders on the CPU cores.
+    Cpu,
+    /// NVDEC or nothing: a stream NVDEC cannot decode is not decoded, and says why.
+    Nvdec,
+}
+
+impl DecoderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Cpu => "cpu",
+            Self::Nvdec => "nvdec",
+        }
+    }
+}
+
+impl FromStr for DecoderKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "nvdec" => Ok(Self::Nvdec),
+            other => Err(format!("unknown decoder {other:?}: expected auto, cpu or nvdec")),
+        }
+    }
+}
+
+impl std::fmt::Display for DecoderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What decodes a stream's pictures now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActiveDecoder {
+    Cpu,
+    Nvdec,
+}
+
+impl ActiveDecoder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Nvdec => "nvdec",
+        }
+    }
+}
+
+/// How a stream's decoder is to be opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodePlan {
+    /// On the CPU; `reason` says why when NVDEC was possible in principle (`auto`).
+    Cpu { reason: Option<String> },
+    /// On GPU `device`'s NVDEC; `required` (`nvdec`) refuses the CPU as a fallback.
+    Nvdec { device: i32, required: bool },
+}
+
+/// The server's side of the choice: its default and the GPU its models run on, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DecoderDefaults {
+    /// What streams that do not say get.
+    pub kind: DecoderKind,
+    /// The GPU the models run on (`None`: the CPU provider).
+    pub model_gpu: Option<i32>,
+}
+
+impl DecoderDefaults {
+    /// The plan for a stream that asked for `requested` (or nothing).
+    pub fn plan(&self, requested: Option<DecoderKind>) -> DecodePlan {
+        match (requested.unwrap_or(self.kind), self.model_gpu) {
+            (DecoderKind::Cpu, _) => DecodePlan::Cpu { reason: None },
+            (DecoderKind::Auto, None) => DecodePlan::Cpu {
+                reason: Some("the models run on the CPU provider".into()),
+            },
+            (DecoderKind::Auto, Some(device)) => DecodePlan::Nvdec {
+                device,
+                required: false,
+            },
+            // Asked for by name: decode on the models' GPU, or GPU 0 when they run on the CPU.
+            (DecoderKind::Nvdec, gpu) => DecodePlan::Nvdec {
+                device: gpu.unwrap_or(0),
+                required: true,
+            },
+        }
+    }
+}
+
+/// What a stream's status says about its decoder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecoderStatus {
+    pub requested: DecoderKind,
+    /// `None` until the first decoder has been opened (and, for NVDEC, has seen the
+    /// stream's format), or while a required NVDEC cannot decode the stream.
+    pub active: Option<ActiveDecoder>,
+    /// Why the stream is not on NVDEC (a fallback or the reason `nvdec` fails); `None` when
+    /// it is, or the CPU was asked for.
+    pub reason: Option<String>,
+}
+
+/// One stream's [`DecoderStatus`], written by its decode thread, read by status requests.
+#[derive(Debug, Clone)]
+pub struct DecoderStatusCell(Arc<Mutex<DecoderStatus>>);
+
+impl DecoderStatusCell {
+    pub fn new(requested: DecoderKind) -> Self {
+        Self(Arc::new(Mutex::new(DecoderStatus {
+            requested,
+            active: None,
+            reason: None,
+        })))
+    }
+
+    pub fn get(&self) -> DecoderStatus {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Records what decodes now; true when it changed (so the caller logs it once).
+    pub fn set(&self, active: Option<ActiveDecoder>, reason: Option<String>) -> bool {
+        let mut status = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let changed = status.active != active || status.reason != reason;
+        status.active = active;
+        status.reason = reason;
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(kind: DecoderKind, model_gpu: Option<i32>) -> DecoderDefaults {
+        DecoderDefaults { kind, model_gpu }
+    }
+
+    #[test]
+    fn auto_decodes_on_the_models_gpu_and_on_the_cpu_without_one() {
+        assert_eq!(
+            on(DecoderKind::Auto, Some(1)).plan(None),
+            DecodePlan::Nvdec {
+                device: 1,
+                required: false
+            }
+        );
+        let DecodePlan::Cpu { reason: Some(reason) } = on(DecoderKind::Auto, None).plan(None) else {
+            panic!("auto without a GPU must be the CPU, with a reason");
+        };
+        assert!(reason.contains("CPU provider"), "{reason}");
+    }
+
+    #[test]
+    fn a_streams_own_choice_beats_the_servers_default() {
+        let server = on(DecoderKind::Nvdec, Some(0));
+        assert_eq!(
+            server.plan(Some(DecoderKind::Cpu)),
+            DecodePlan::Cpu { reason: None }
+        );
+        assert_eq!(
+            on(DecoderKind::Cpu, None).plan(Some(DecoderKind::Nvdec)),
+            DecodePlan::Nvdec {
+                device: 0,
+                required: true
+            }
+        );
+        assert_eq!(
+            on(DecoderKind::Cpu, Some(3)).plan(Some(DecoderKind::Auto)),
+            DecodePlan::Nvdec {
+                device: 3,
+                required: false
+            }
+        );
+    }
+
+    #[test]
+    fn kinds_parse_from_their_names_and_refuse_others_by_name() {
+        for kind in [DecoderKind::Auto, DecoderKind::Cpu, DecoderKind::Nvdec] {
+            assert_eq!(kind.as_str().parse::<DecoderKind>(), Ok(kind));
+        }
+        let err = "cuvid".parse::<DecoderKind>().unwrap_err();
+        assert!(
+            err.contains("cuvid") && err.contains("auto, cpu or nvdec"),
+            "{err}"
+        );
+        #[derive(Deserialize)]
+        struct S {
+            decoder: DecoderKind,
+        }
+        let s: S = toml::from_str("decoder = \"nvdec\"").unwrap();
+        assert_eq!(s.decoder, DecoderKind::Nvdec);
+        assert!(toml::from_str::<S>("decoder = \"gpu\"").is_err());
+    }
+
+    #[test]
+    fn the_status_cell_reports_changes_once() {
+        let cell = DecoderStatusCell::new(DecoderKind::Auto);
+        assert_eq!(cell.get().active, None);
+        assert!(cell.set(Some(ActiveDecoder::Nvdec), None));
+        assert!(!cell.set(Some(ActiveDecoder::Nvdec), None));
+        assert!(cell.set(Some(ActiveDecoder::Cpu), Some("no GPU".into())));
+        let status = cell.get();
+        assert_eq!(status.requested, DecoderKind::Auto);
+        assert_eq!(status.active, Some(ActiveDecoder::Cpu));
+        assert_eq!(status.reason.as_deref(), Some("no GPU"));
+    }
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# NVDEC figures on the GPU machine: decoder parity and decoding capacity without ONNX
+# Runtime (the `decoder_parity` and `capacity` examples), then streams with detection
+# through the real server, CPU decoding against NVDEC (needs ONNX Runtime's GPU build
+# active: `source /opt/ort/activate.sh`, see ../shared/gpu/README.md).
+#
+#   scripts/gpu-video-bench.sh BIN_DIR CLIPS_DIR OUT_DIR
+#
+# BIN_DIR holds release builds of `peregrine` and the video crate's examples
+# `decoder_parity` and `capacity`; CLIPS_DIR the clips of scripts/make-video-corpus.sh (and
+# any others to compare). STEPS (default "parity decode serve churn") picks the parts;
+# DECODE_STREAMS_CPU / DECODE_STREAMS_NVDEC and SERVE_STREAMS_CPU / SERVE_STREAMS_NVDEC the
+# stream counts of the capacity sweeps (1080p25 clip, every frame); churn adds and removes
+# 100 NVDEC streams twice (scripts/stream-churn.py). Writes OUT_DIR/results.md.
+set -uo pipefail
+bin="$1"
+clips="$2"
+out="$3"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$out"
+results="$out/results.md"
+steps="${STEPS:-parity decode serve churn}"
+clip1080="$clips/bbb-1080p25.mp4"
+say() { echo "$*" | tee -a "$results"; }
+# Lines FFmpeg logs per decoder (e.g. a 4:4:4 stream NVDEC refuses) are kept out of the table.
+quiet() { grep -v -E '^\[(h264|hevc|AVHWDeviceContext)' ; }
+
+say "# NVDEC figures, $(date -u '+%Y-%m-%d %H:%M UTC')"
+say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+
+if [[ " $steps " == *" parity "* ]]; then
+    say ""
+    say "## Decoder parity and speed (decoder_parity --parallel 8)"
+    timeout 300 "$bin/decoder_parity" --parallel 8 "$clips"/*.mp4 2>"$out/parity.log" | quiet | tee -a "$results"
+fi
+
+if [[ " $steps " == *" decode "* ]]; then
+    for decoder in cpu nvdec; do
+        var="DECODE_STREAMS_${decoder^^}"
+        counts="${!var:-$([ $decoder = cpu ] && echo 8,16,24 || echo 50,100,150)}"
+        say ""
+        say "## Decoding only, $decoder, every frame converted (capacity --detector fake)"
+        timeout 400 "$bin/capacity" --detector fake --decoder "$decoder" --fps 0 --clip "$clip1080" \
+            --streams "$counts" --seconds 8 --warmup 3 2>"$out/capacity-$decoder.log" | grep -E '^\||decoder' | tee -a "$results"
+    done
+fi
+
+if [[ " $steps " == *" serve "* ]]; then
+    flags=(--provider cuda --threads 1 --prefer-nhwc --instances 2 --max-batch 32
+        --padded-batch-sizes 1,4,16,32 --session-per-batch-size true --max-queue-delay-us 2000)
+    for decoder in cpu auto; do
+        var="SERVE_STREAMS_$([ $decoder = cpu ] && echo CPU || echo NVDEC)"
+        counts="${!var:-$([ $decoder = cpu ] && echo 20,30,40 || echo 50,75,100)}"
+        say ""
+        say "## Streams with detection, decoder $decoder, 1080p25 every frame (bench-video.py; ${flags[*]})"
+        timeout 540 python3 "$root/scripts/bench-video.py" --bin "$bin/peregrine" --clip "$clip1080" --fps 0 \
+            --streams "$counts" --seconds 10 --settle 5 --decoder "$decoder" -- "${flags[@]}" \
+            2>"$out/serve-$decoder.log" | tee -a "$results"
+    done
+fi
+
+if [[ " $steps " == *" churn "* ]]; then
+    say ""
+    say "## 100 NVDEC streams added and removed, twice (stream-churn.py)"
+    timeout 300 python3 "$root/scripts/stream-churn.py" --bin "$bin/peregrine" --clip "$clip1080" \
+        --count 100 --rounds 2 --decoder nvdec -- --provider cuda --threads 1 --instances 1 --max-batch 32 \
+        --padded-batch-sizes 1,4,16,32 --session-per-batch-size true 2>"$out/churn.log" | tee -a "$results"
+fi
