@@ -12,3 +12,4 @@
 //!   and the dialog (ACK, BYE, when to re-INVITE).
 
 pub mod digest;
+pub mod manscdp;
