@@ -13,3 +13,7 @@
 
 pub mod digest;
 pub mod manscdp;
+pub mod sip;
+
+#[cfg(test)]
+mod fixtures;
