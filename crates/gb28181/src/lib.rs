@@ -13,6 +13,7 @@
 
 pub mod digest;
 pub mod manscdp;
+pub mod registrar;
 pub mod sip;
 
 #[cfg(test)]

@@ -61,7 +61,11 @@ pub enum Manscdp {
     Catalog(CatalogResponse),
     /// Anything else (alarms, device info, ...): its root element and CmdType, so the
     /// caller can log it and still answer 200.
-    Other { root: String, cmd_type: String, device_id: Option<String> },
+    Other {
+        root: String,
+        cmd_type: String,
+        device_id: Option<String>,
+    },
 }
 
 /// Decodes a body by its XML declaration's encoding (UTF-8 when none is declared).
@@ -121,7 +125,12 @@ fn parse_catalog(root: roxmltree::Node<'_, '_>) -> Result<CatalogResponse, Mansc
     let items = root
         .children()
         .find(|n| n.has_tag_name("DeviceList"))
-        .map(|list| list.children().filter(|n| n.has_tag_name("Item")).map(parse_item).collect())
+        .map(|list| {
+            list.children()
+                .filter(|n| n.has_tag_name("Item"))
+                .map(parse_item)
+                .collect()
+        })
         .unwrap_or_default();
     Ok(CatalogResponse {
         sn: number(root, "SN")?,
@@ -132,7 +141,9 @@ fn parse_catalog(root: roxmltree::Node<'_, '_>) -> Result<CatalogResponse, Mansc
 }
 
 fn parse_item(item: roxmltree::Node<'_, '_>) -> CatalogItem {
-    let status = child_text(item, "Status").unwrap_or_default().to_ascii_uppercase();
+    let status = child_text(item, "Status")
+        .unwrap_or_default()
+        .to_ascii_uppercase();
     CatalogItem {
         device_id: child_text(item, "DeviceID").unwrap_or_default(),
         name: child_text(item, "Name").unwrap_or_default(),
@@ -169,7 +180,9 @@ pub fn catalog_query(sn: u32, device_id: &str) -> Vec<u8> {
 }
 
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 #[cfg(test)]
@@ -240,12 +253,18 @@ mod tests {
     #[test]
     fn bad_bodies() {
         let unknown = "<?xml version='1.0' encoding='klingon'?><Notify/>";
-        assert_eq!(parse(unknown.as_bytes()), Err(ManscdpError::UnknownEncoding("klingon".into())));
+        assert_eq!(
+            parse(unknown.as_bytes()),
+            Err(ManscdpError::UnknownEncoding("klingon".into()))
+        );
         assert!(matches!(parse(b"<Notify><CmdType>"), Err(ManscdpError::Xml(_))));
         assert_eq!(parse(b"<Notify/>"), Err(ManscdpError::Missing("CmdType")));
         let bad_sn = "<Notify><CmdType>Keepalive</CmdType><SN>x</SN><DeviceID>1</DeviceID></Notify>";
         assert_eq!(parse(bad_sn.as_bytes()), Err(ManscdpError::NotANumber("SN")));
-        assert_eq!(parse(&[0xff, 0xfe, 0x00]), Err(ManscdpError::BadEncoding("UTF-8")));
+        assert_eq!(
+            parse(&[0xff, 0xfe, 0x00]),
+            Err(ManscdpError::BadEncoding("UTF-8"))
+        );
     }
 
     #[test]
@@ -257,6 +276,9 @@ mod tests {
         assert_eq!(root.tag_name().name(), "Query");
         assert_eq!(child_text(root, "CmdType").as_deref(), Some("Catalog"));
         assert_eq!(child_text(root, "SN").as_deref(), Some("7"));
-        assert_eq!(child_text(root, "DeviceID").as_deref(), Some("34020000001320000001"));
+        assert_eq!(
+            child_text(root, "DeviceID").as_deref(),
+            Some("34020000001320000001")
+        );
     }
 }

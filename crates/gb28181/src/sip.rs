@@ -42,7 +42,12 @@ pub struct LocalEndpoint {
 impl LocalEndpoint {
     fn via(&self, branch: &str) -> String {
         let transport = if self.tcp { "TCP" } else { "UDP" };
-        format!("SIP/2.0/{transport} {}:{};rport;branch={}", self.host, self.port, branch_param(branch))
+        format!(
+            "SIP/2.0/{transport} {}:{};rport;branch={}",
+            self.host,
+            self.port,
+            branch_param(branch)
+        )
     }
 
     fn contact(&self) -> String {
@@ -87,7 +92,11 @@ pub struct OutgoingRequest<'a> {
 }
 
 /// Builds one of the server's requests.
-pub fn request(local: &LocalEndpoint, ids: &DialogIds, out: OutgoingRequest<'_>) -> Result<Request, SipError> {
+pub fn request(
+    local: &LocalEndpoint,
+    ids: &DialogIds,
+    out: OutgoingRequest<'_>,
+) -> Result<Request, SipError> {
     let uri = rsip::Uri::try_from(out.uri)?;
     let mut headers: rsip::Headers = vec![
         headers::Via::new(local.via(out.branch)).into(),
@@ -109,7 +118,13 @@ pub fn request(local: &LocalEndpoint, ids: &DialogIds, out: OutgoingRequest<'_>)
         None => Vec::new(),
     };
     headers.push(headers::ContentLength::new(body.len().to_string()).into());
-    Ok(Request { method: out.method, uri, version: rsip::Version::V2, headers, body })
+    Ok(Request {
+        method: out.method,
+        uri,
+        version: rsip::Version::V2,
+        headers,
+        body,
+    })
 }
 
 /// A response to `request` with `status`: Via, From, To, Call-ID and CSeq copied (RFC 3261
@@ -135,12 +150,20 @@ pub fn response(request: &Request, status: u16, to_tag: Option<&str>) -> Respons
     }
     headers.push(headers::UserAgent::new("Peregrine").into());
     headers.push(headers::ContentLength::new("0").into());
-    Response { status_code: status.into(), version: rsip::Version::V2, headers, body: Vec::new() }
+    Response {
+        status_code: status.into(),
+        version: rsip::Version::V2,
+        headers,
+        body: Vec::new(),
+    }
 }
 
 /// Adds a header to a built response, before its Content-Length.
 pub fn add_header(response: &mut Response, header: Header) {
-    let length = response.headers.iter().position(|h| matches!(h, Header::ContentLength(_)));
+    let length = response
+        .headers
+        .iter()
+        .position(|h| matches!(h, Header::ContentLength(_)));
     let mut all: Vec<Header> = response.headers.clone().into_iter().collect();
     all.insert(length.unwrap_or(all.len()), header);
     response.headers = all.into();
@@ -150,7 +173,11 @@ pub fn add_header(response: &mut Response, header: Header) {
 pub fn from_user(message: &impl HeadersExt) -> Result<String, SipError> {
     let from = message.from_header().map_err(|_| SipError::Missing("From"))?;
     let typed = from.typed().map_err(|_| SipError::Missing("From"))?;
-    typed.uri.user().map(str::to_string).ok_or(SipError::Missing("From"))
+    typed
+        .uri
+        .user()
+        .map(str::to_string)
+        .ok_or(SipError::Missing("From"))
 }
 
 /// The tag of the To header, if any (a dialog's remote tag in a response to our request).
@@ -168,7 +195,9 @@ pub fn cseq(message: &impl HeadersExt) -> Result<(u32, Method), SipError> {
 
 /// The Call-ID's value.
 pub fn call_id(message: &impl HeadersExt) -> Result<String, SipError> {
-    let id = message.call_id_header().map_err(|_| SipError::Missing("Call-ID"))?;
+    let id = message
+        .call_id_header()
+        .map_err(|_| SipError::Missing("Call-ID"))?;
     Ok(id.value().trim().to_string())
 }
 
@@ -209,7 +238,11 @@ mod tests {
     #[test]
     fn request_has_what_a_device_expects() {
         let local = fixtures::local();
-        let ids = DialogIds { call_id: "c1".into(), from_tag: "t1".into(), branch: "b1".into() };
+        let ids = DialogIds {
+            call_id: "c1".into(),
+            from_tag: "t1".into(),
+            branch: "b1".into(),
+        };
         let body = b"<Query/>".to_vec();
         let out = OutgoingRequest {
             method: Method::Message,
@@ -227,7 +260,9 @@ mod tests {
         assert!(text.contains("CSeq: 20 MESSAGE\r\n"));
         assert!(text.contains("Content-Length: 8\r\n"));
         assert!(text.ends_with("\r\n\r\n<Query/>"));
-        let SipMessage::Request(back) = parse(text.as_bytes()).unwrap() else { panic!() };
+        let SipMessage::Request(back) = parse(text.as_bytes()).unwrap() else {
+            panic!()
+        };
         assert_eq!(back.body, b"<Query/>");
     }
 
