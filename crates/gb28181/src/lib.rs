@@ -14,6 +14,7 @@
 pub mod digest;
 pub mod manscdp;
 pub mod registrar;
+pub mod sdp;
 pub mod sip;
 
 #[cfg(test)]
