@@ -1,5 +1,6 @@
 //! GB28181 signalling as plain state: no sockets, no clocks, no tokio. The server's SIP task
-//! (a later step) owns a [`Registrar`] and the [`PlaySession`]s, feeds them parsed messages and
+//! (a later step) owns a [`registrar::Registrar`] and the
+//! [`play::PlaySession`]s, feeds them parsed messages and
 //! the current time, and sends whatever they return.
 //!
 //! - [`digest`]: digest authentication (RFC 2617 MD5, RFC 7616 SHA-256) for REGISTER.
@@ -13,6 +14,7 @@
 
 pub mod digest;
 pub mod manscdp;
+pub mod play;
 pub mod registrar;
 pub mod sdp;
 pub mod sip;

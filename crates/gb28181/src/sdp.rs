@@ -12,7 +12,7 @@ pub enum MediaTransport {
 }
 
 /// Why an SSRC could not be made or an answer read.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum SdpError {
     #[error("SIP domain {0:?} is not at least 8 digits; GB28181 takes the SSRC's domain part from its 4th to 8th digits")]
     BadDomain(String),
