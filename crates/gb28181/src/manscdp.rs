@@ -189,7 +189,7 @@ fn escape(text: &str) -> String {
 mod tests {
     use super::*;
 
-    pub(crate) const KEEPALIVE: &str = "<?xml version=\"1.0\" encoding=\"GB2312\"?>\r\n<Notify>\r\n\
+    const KEEPALIVE: &str = "<?xml version=\"1.0\" encoding=\"GB2312\"?>\r\n<Notify>\r\n\
         <CmdType>Keepalive</CmdType>\r\n<SN>43</SN>\r\n<DeviceID>34020000001320000001</DeviceID>\r\n\
         <Status>OK</Status>\r\n</Notify>\r\n";
 

@@ -176,6 +176,9 @@ impl Registrar {
         if !fresh {
             return plain(self.challenge(request, device_id, nonce, true, now));
         }
+        // The digest `uri` is not compared with the Request-URI: devices write it in several
+        // forms (with or without the port, the domain or the IP), and the response already
+        // covers whatever they wrote.
         let matches_device =
             credentials.username == device_id && credentials.realm == self.config.local.domain;
         if !matches_device || !credentials.verify("REGISTER", &self.config.password) {
