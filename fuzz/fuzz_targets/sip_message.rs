@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use libfuzzer_sys::fuzz_target;
 use peregrine_gb28181::digest::Credentials;
+use peregrine_gb28181::manscdp;
 use peregrine_gb28181::play::{PlaySession, PlayTimeouts};
 use peregrine_gb28181::registrar::{Registrar, RegistrarConfig};
 use peregrine_gb28181::sdp::{self, MediaTransport, PlayOffer};
 use peregrine_gb28181::sip::{self, DialogIds, LocalEndpoint, SipMessage};
-use peregrine_gb28181::manscdp;
 
 fn local() -> LocalEndpoint {
     LocalEndpoint {
@@ -44,9 +44,19 @@ fuzz_target!(|data: &[u8]| {
                 ssrc: "0200000001".into(),
                 transport: MediaTransport::Udp,
             };
-            let ids = DialogIds { call_id: "c".into(), from_tag: "t".into(), branch: "b".into() };
-            let mut session =
-                PlaySession::new(local(), "192.168.1.64:5060", offer, ids, PlayTimeouts::default(), now);
+            let ids = DialogIds {
+                call_id: "c".into(),
+                from_tag: "t".into(),
+                branch: "b".into(),
+            };
+            let mut session = PlaySession::new(
+                local(),
+                "192.168.1.64:5060",
+                offer,
+                ids,
+                PlayTimeouts::default(),
+                now,
+            );
             let _ = session.on_response(&response, now);
             let _ = session.bye();
         }
