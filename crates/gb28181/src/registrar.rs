@@ -139,6 +139,8 @@ impl Registrar {
     /// Handles a request from a device. `nonce` is a fresh random value, used only if this
     /// request has to be challenged. Methods other than REGISTER and MESSAGE get 405: the
     /// caller routes dialog requests (BYE from a device) to the play sessions first.
+    /// GB28181 devices set their clock from the `Date` of the 200 to REGISTER; with no wall
+    /// clock here, the caller adds it ([`sip::add_header`]).
     pub fn handle(&mut self, request: &Request, source: SocketAddr, nonce: &str, now: Instant) -> Handled {
         let device_id = match sip::from_user(request) {
             Ok(id) => id,
