@@ -12,7 +12,7 @@ use rsip::prelude::HeadersExt;
 use rsip::{Method, Request, Response};
 
 use crate::digest::{Algorithm, Challenge, Credentials};
-use crate::manscdp::{self, CatalogItem, Manscdp};
+use crate::manscdp::{self, CatalogItem, CatalogResponse, Manscdp};
 use crate::sip::{self, DialogIds, LocalEndpoint, OutgoingRequest};
 
 /// How the registrar treats devices. Defaults are GB28181's.
@@ -31,6 +31,9 @@ pub struct RegistrarConfig {
     /// Most outstanding challenges kept; past it the oldest is forgotten, so a flood of
     /// REGISTERs from made-up ids cannot grow memory.
     pub max_pending_nonces: usize,
+    /// Most channels kept per device: a catalog claiming more (or parts that never add up)
+    /// is cut there rather than growing without bound. Large NVR platforms list thousands.
+    pub max_channels: usize,
 }
 
 impl RegistrarConfig {
@@ -43,6 +46,7 @@ impl RegistrarConfig {
             keepalive_misses: 3,
             nonce_lifetime: Duration::from_secs(600),
             max_pending_nonces: 4096,
+            max_channels: 10_000,
         }
     }
 
@@ -67,6 +71,26 @@ pub struct Device {
     pub channels: Vec<CatalogItem>,
     /// A catalog arriving in parts: its SN, total and the items so far.
     pending_catalog: Option<(u32, usize, Vec<CatalogItem>)>,
+}
+
+impl Device {
+    /// Adds one part of a catalog response; when the parts add up to the total (or to
+    /// `max_channels`), they replace the channels and the count is returned. A part with
+    /// a new SN starts over rather than mixing two catalogs.
+    fn add_catalog_part(&mut self, catalog: CatalogResponse, max_channels: usize) -> Option<usize> {
+        let (sn, total, mut items) = match self.pending_catalog.take() {
+            Some((sn, total, items)) if sn == catalog.sn => (sn, total, items),
+            _ => (catalog.sn, catalog.sum_num, Vec::new()),
+        };
+        let room = max_channels.saturating_sub(items.len());
+        items.extend(catalog.items.into_iter().take(room));
+        if items.len() < total.min(max_channels) {
+            self.pending_catalog = Some((sn, total, items));
+            return None;
+        }
+        self.channels = items;
+        Some(self.channels.len())
+    }
 }
 
 /// Why a device went offline.
@@ -283,19 +307,11 @@ impl Registrar {
             });
         }
         if let Manscdp::Catalog(catalog) = body {
-            let (sn, total, mut items) = match device.pending_catalog.take() {
-                Some((sn, total, items)) if sn == catalog.sn => (sn, total, items),
-                _ => (catalog.sn, catalog.sum_num, Vec::new()),
-            };
-            items.extend(catalog.items);
-            if items.len() >= total {
+            if let Some(channels) = device.add_catalog_part(catalog, self.config.max_channels) {
                 events.push(RegistrarEvent::CatalogUpdated {
                     device_id: device_id.to_string(),
-                    channels: items.len(),
+                    channels,
                 });
-                device.channels = items;
-            } else {
-                device.pending_catalog = Some((sn, total, items));
             }
         }
         Handled { response: ok, events }

@@ -358,3 +358,30 @@ fn pending_nonces_are_bounded() {
     assert!(registrar.tick(now + Duration::from_secs(700)).is_empty());
     assert!(registrar.nonces.is_empty());
 }
+
+#[test]
+fn catalog_is_capped() {
+    let mut config = RegistrarConfig::new(fixtures::local(), PASSWORD);
+    config.max_channels = 2;
+    let mut registrar = Registrar::new(config);
+    let now = Instant::now();
+    registered(&mut registrar, now);
+    // The device claims 1000 items; the second part already fills the cap.
+    registrar.handle(&catalog_part(3, 1000, &["a"]), source(), "-", now);
+    let full = registrar.handle(&catalog_part(3, 1000, &["b", "c"]), source(), "-", now);
+    assert_eq!(
+        full.events,
+        vec![RegistrarEvent::CatalogUpdated {
+            device_id: DEVICE_ID.into(),
+            channels: 2
+        }]
+    );
+    let ids: Vec<&str> = registrar
+        .device(DEVICE_ID)
+        .unwrap()
+        .channels
+        .iter()
+        .map(|c| c.device_id.as_str())
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+}
