@@ -24,7 +24,37 @@ impl From<rsip::Error> for SipError {
 
 /// Parses one SIP message from the wire.
 pub fn parse(bytes: &[u8]) -> Result<SipMessage, SipError> {
-    Ok(SipMessage::try_from(bytes)?)
+    let mut message = SipMessage::try_from(bytes)?;
+    let headers = match &mut message {
+        SipMessage::Request(request) => &mut request.headers,
+        SipMessage::Response(response) => &mut response.headers,
+    };
+    *headers = headers
+        .clone()
+        .into_iter()
+        .map(expand_compact)
+        .collect::<Vec<_>>()
+        .into();
+    Ok(message)
+}
+
+/// RFC 3261 §7.3.3's one-letter header names, which rsip leaves as unknown headers: a
+/// device sending `i:` for Call-ID must still be understood.
+fn expand_compact(header: Header) -> Header {
+    let Header::Other(name, value) = &header else {
+        return header;
+    };
+    match name.to_ascii_lowercase().as_str() {
+        "i" => headers::CallId::new(value.clone()).into(),
+        "f" => headers::From::new(value.clone()).into(),
+        "t" => headers::To::new(value.clone()).into(),
+        "v" => headers::Via::new(value.clone()).into(),
+        "m" => headers::Contact::new(value.clone()).into(),
+        "l" => headers::ContentLength::new(value.clone()).into(),
+        "c" => headers::ContentType::new(value.clone()).into(),
+        "s" => headers::Subject::new(value.clone()).into(),
+        _ => header,
+    }
 }
 
 /// Where the server itself is reached: goes into Via, From and Contact of its requests.
@@ -264,6 +294,25 @@ mod tests {
             panic!()
         };
         assert_eq!(back.body, b"<Query/>");
+    }
+
+    #[test]
+    fn compact_header_names() {
+        let compact = "MESSAGE sip:34020000002000000001@3402000000 SIP/2.0\r\n\
+            v: SIP/2.0/UDP 192.168.1.64:5060;branch=z9hG4bK1\r\n\
+            f: <sip:34020000001320000001@3402000000>;tag=1\r\n\
+            t: <sip:34020000002000000001@3402000000>\r\n\
+            i: abc\r\nCSeq: 1 MESSAGE\r\nl: 0\r\n\r\n";
+        let SipMessage::Request(request) = parse(compact.as_bytes()).unwrap() else {
+            panic!()
+        };
+        assert_eq!(from_user(&request).unwrap(), "34020000001320000001");
+        assert_eq!(call_id(&request).unwrap(), "abc");
+        let text = response(&request, 200, None).to_string();
+        assert!(
+            text.contains("Via: SIP/2.0/UDP 192.168.1.64:5060;branch=z9hG4bK1\r\n"),
+            "{text}"
+        );
     }
 
     #[test]
