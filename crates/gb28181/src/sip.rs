@@ -3,9 +3,10 @@
 
 use rsip::headers::{self, ToTypedHeader, UntypedHeader};
 use rsip::prelude::HeadersExt;
-use rsip::{Header, Method, Request, Response};
+use rsip::Header;
 
-pub use rsip::SipMessage;
+// The message types callers handle, so they need no rsip dependency of their own.
+pub use rsip::{Method, Request, Response, SipMessage};
 
 /// Why a message lacked something this crate needs.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
