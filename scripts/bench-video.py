@@ -19,14 +19,11 @@ Standard library only, so it runs wherever the binary does.
 import argparse
 import json
 import math
-import os
 import re
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 import urllib.request
+
+import peregrine_server
 
 CLIP_FPS = 25.0
 
@@ -99,28 +96,7 @@ def main():
     ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
     target = a.fps if a.fps > 0 else CLIP_FPS
-    # File streams are refused unless their folder is a file root.
-    roots = os.path.dirname(os.path.abspath(a.clip))
-    proc = subprocess.Popen([a.bin, "serve", "--host", "127.0.0.1", "--port", "0", "--allow-grpc", "false",
-                             "--log-level", "warn", "--stream-file-roots", roots, *a.serve_args],
-                            stderr=subprocess.PIPE, text=True)
-    base = None
-    for line in proc.stderr:
-        m = re.match(r"peregrine: listening on (http://\S+)", line)
-        if m:
-            base = m.group(1)
-            break
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    deadline = time.time() + 300
-    while True:
-        try:
-            if urllib.request.urlopen(base + "/health/ready", timeout=2).status == 200:
-                break
-        except OSError:
-            pass
-        if time.time() > deadline or proc.poll() is not None:
-            sys.exit("the server did not become ready")
-        time.sleep(0.2)
+    proc, base = peregrine_server.start(a.bin, a.clip, a.serve_args)
     mode = f"{a.fps:g} fps" if a.fps > 0 else "every frame"
     print(f"| streams | mode | detected / s per stream (min, mean) | dropped / s | glass-to-result P50 / P99 ms | CPU cores (per stream) | on NVDEC | keeps up |")
     print("|---|---|---|---|---|---|---|---|")

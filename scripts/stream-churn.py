@@ -13,13 +13,11 @@ Standard library only, so it runs wherever the binary does.
 
 import argparse
 import json
-import os
 import re
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
+
+import peregrine_server
 
 
 def request(base, path, method="GET", body=None):
@@ -51,29 +49,7 @@ def main():
     ap.add_argument("--streaming-seconds", type=float, default=5)
     ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
-    roots = os.path.dirname(os.path.abspath(a.clip))
-    proc = subprocess.Popen([a.bin, "serve", "--host", "127.0.0.1", "--port", "0", "--allow-grpc", "false",
-                             "--log-level", "warn", "--stream-file-roots", roots, *a.serve_args],
-                            stderr=subprocess.PIPE, text=True)
-    base = None
-    for line in proc.stderr:
-        m = re.match(r"peregrine: listening on (http://\S+)", line)
-        if m:
-            base = m.group(1)
-            break
-    if base is None:
-        sys.exit("the server did not start")
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    deadline = time.time() + 300
-    while True:
-        try:
-            if urllib.request.urlopen(base + "/health/ready", timeout=2).status == 200:
-                break
-        except OSError:
-            pass
-        if time.time() > deadline or proc.poll() is not None:
-            sys.exit("the server did not become ready")
-        time.sleep(0.2)
+    proc, base = peregrine_server.start(a.bin, a.clip, a.serve_args)
     print("| round | moment | GPU memory used, MiB | server threads | server RSS, MiB | streams on NVDEC |")
     print("|---|---|---|---|---|---|")
 

@@ -18,6 +18,8 @@
 //! capacity); `--detector cpu` runs yolo11n on ONNX Runtime's CPU provider (set
 //! ORT_DYLIB_PATH, or run scripts/setup.sh first).
 
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
 #[path = "../tests/support/engine_detector.rs"]
 mod engine_detector;
 
@@ -180,7 +182,7 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
         println!("  cam0's decoder: {:?}", r.decoder);
     }
     let start = snapshot(&manager, n).await;
-    let cpu_start = cpu_seconds();
+    let cpu_start = cpu_time::cpu_seconds();
     let started = Instant::now();
     let mut last = start.clone();
     for _ in 0..args.seconds {
@@ -195,7 +197,7 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
         last = now;
     }
     let secs = started.elapsed().as_secs_f64();
-    let cores = (cpu_seconds() - cpu_start) / secs;
+    let cores = (cpu_time::cpu_seconds() - cpu_start) / secs;
     let end = snapshot(&manager, n).await;
     manager.shutdown().await.expect("shutdown");
     collector.abort();
@@ -215,21 +217,6 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
         cores / n as f64,
         if keeps_up { "yes" } else { "no" }
     )
-}
-
-/// This process's user and system CPU time so far, in seconds (Linux's /proc).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at its closing ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; USER_HZ
-    // is 100 on every Linux this runs on.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 #[tokio::main]

@@ -11,6 +11,9 @@
 //! and gives the frames per second and CPU cores used. On a machine without NVDEC the
 //! NVDEC column says why and the comparison is skipped.
 
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -85,20 +88,9 @@ fn decode(clip: &Clip, hardware: Hardware, keep: bool) -> Result<(Vec<Vec<u8>>, 
     }
 }
 
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
 /// `parallel` decodes of the clip at once: (frames per second, CPU cores).
 fn throughput(clip: &Arc<Clip>, hardware: Hardware, parallel: usize) -> Result<(f64, f64), String> {
-    let (started, cpu) = (Instant::now(), cpu_seconds());
+    let (started, cpu) = (Instant::now(), cpu_time::cpu_seconds());
     let threads: Vec<_> = (0..parallel)
         .map(|_| {
             let clip = clip.clone();
@@ -110,7 +102,7 @@ fn throughput(clip: &Arc<Clip>, hardware: Hardware, parallel: usize) -> Result<(
         frames += t.join().map_err(|_| "a decode thread panicked")??;
     }
     let secs = started.elapsed().as_secs_f64();
-    Ok((frames as f64 / secs, (cpu_seconds() - cpu) / secs))
+    Ok((frames as f64 / secs, (cpu_time::cpu_seconds() - cpu) / secs))
 }
 
 #[tokio::main]
