@@ -10,7 +10,8 @@ use std::ptr;
 
 use ffmpeg_sys_next as ff;
 
-use super::nvdec::{self, FormatChoice, FormatOutcome, HostCopy, Planes};
+use super::download::{HostCopy, Planes};
+use super::nvdec::{self, FormatChoice, FormatOutcome};
 use super::DecodeError;
 
 /// Compressed formats the decoder takes.

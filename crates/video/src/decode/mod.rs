@@ -1,6 +1,8 @@
 //! Decoding: FFmpeg behind a safe wrapper ([`ffmpeg`]) and the per-stream decode thread
 //! ([`worker`]) that turns access units into sampled, pooled RGB frames.
 
+mod cuda;
+mod download;
 pub mod ffmpeg;
 pub mod hardware;
 pub mod nvdec;
