@@ -10,8 +10,14 @@
 # `decoder_parity` and `capacity`; CLIPS_DIR the clips of scripts/make-video-corpus.sh (and
 # any others to compare). STEPS (default "parity decode serve churn") picks the parts;
 # DECODE_STREAMS_CPU / DECODE_STREAMS_NVDEC and SERVE_STREAMS_CPU / SERVE_STREAMS_NVDEC the
-# stream counts of the capacity sweeps (1080p25 clip, every frame); churn adds and removes
+# stream counts of the capacity sweeps (1080p25 clip, every frame), DECODE_STREAMS_720 and
+# SERVE_STREAMS_720 those of the NVDEC sweeps of the 720p25 clip; churn adds and removes
 # 100 NVDEC streams twice (scripts/stream-churn.py). Writes OUT_DIR/results.md.
+#
+# The 1080p clip is bbb-1080p25-camera.mp4 (no B-frames, as cameras send) where the clips
+# have it: a clip with B-frames adds its reorder delay (up to ~150 ms at 25 fps) to every
+# latency figure whatever decodes it. Sweeps start all their streams at once and measure
+# after WARMUP seconds (default 10), so the start-up of a hundred decoders is left out.
 set -uo pipefail
 bin="$1"
 clips="$2"
@@ -20,7 +26,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$out"
 results="$out/results.md"
 steps="${STEPS:-parity decode serve churn}"
-clip1080="$clips/bbb-1080p25.mp4"
+clip1080="$clips/bbb-1080p25-camera.mp4"
+[ -f "$clip1080" ] || clip1080="$clips/bbb-1080p25.mp4"
+clip720="$clips/bbb-720p-baseline.mp4"
+warmup="${WARMUP:-10}"
 say() { echo "$*" | tee -a "$results"; }
 # Lines FFmpeg logs per decoder (e.g. a 4:4:4 stream NVDEC refuses) are kept out of the table.
 quiet() { grep -v -E '^\[(h264|hevc|AVHWDeviceContext)' ; }
@@ -39,24 +48,38 @@ if [[ " $steps " == *" decode "* ]]; then
         var="DECODE_STREAMS_${decoder^^}"
         counts="${!var:-$([ $decoder = cpu ] && echo 8,16,24 || echo 50,100,150)}"
         say ""
-        say "## Decoding only, $decoder, every frame converted (capacity --detector fake)"
+        say "## Decoding only, $decoder, $(basename "$clip1080") every frame converted (capacity --detector fake)"
         timeout 400 "$bin/capacity" --detector fake --decoder "$decoder" --fps 0 --clip "$clip1080" \
-            --streams "$counts" --seconds 8 --warmup 3 2>"$out/capacity-$decoder.log" | grep -E '^\||decoder' | tee -a "$results"
+            --streams "$counts" --seconds 10 --warmup "$warmup" 2>"$out/capacity-$decoder.log" | grep -E '^\||decoder' | tee -a "$results"
     done
+    if [ -f "$clip720" ]; then
+        say ""
+        say "## Decoding only, nvdec, $(basename "$clip720") every frame converted (capacity --detector fake)"
+        timeout 400 "$bin/capacity" --detector fake --decoder nvdec --fps 0 --clip "$clip720" \
+            --streams "${DECODE_STREAMS_720:-200,250}" --seconds 10 --warmup "$warmup" 2>"$out/capacity-720.log" \
+            | grep -E '^\||decoder' | tee -a "$results"
+    fi
 fi
 
 if [[ " $steps " == *" serve "* ]]; then
-    flags=(--provider cuda --threads 1 --prefer-nhwc --instances 2 --max-batch 32
+    flags=(--provider cuda --threads 1 --prefer-nhwc --instances 4 --max-batch 32
         --padded-batch-sizes 1,4,16,32 --session-per-batch-size true --max-queue-delay-us 2000)
     for decoder in cpu auto; do
         var="SERVE_STREAMS_$([ $decoder = cpu ] && echo CPU || echo NVDEC)"
         counts="${!var:-$([ $decoder = cpu ] && echo 20,30,40 || echo 50,75,100)}"
         say ""
-        say "## Streams with detection, decoder $decoder, 1080p25 every frame (bench-video.py; ${flags[*]})"
+        say "## Streams with detection, decoder $decoder, $(basename "$clip1080") every frame (bench-video.py; ${flags[*]})"
         timeout 540 python3 "$root/scripts/bench-video.py" --bin "$bin/peregrine" --clip "$clip1080" --fps 0 \
-            --streams "$counts" --seconds 10 --settle 5 --decoder "$decoder" -- "${flags[@]}" \
+            --streams "$counts" --seconds 10 --settle "$warmup" --decoder "$decoder" -- "${flags[@]}" \
             2>"$out/serve-$decoder.log" | tee -a "$results"
     done
+    if [ -f "$clip720" ] && [ -n "${SERVE_STREAMS_720:-200}" ]; then
+        say ""
+        say "## Streams with detection, decoder auto, $(basename "$clip720") every frame (bench-video.py; ${flags[*]})"
+        timeout 540 python3 "$root/scripts/bench-video.py" --bin "$bin/peregrine" --clip "$clip720" --fps 0 \
+            --streams "${SERVE_STREAMS_720:-200}" --seconds 10 --settle "$warmup" --decoder auto -- "${flags[@]}" \
+            2>"$out/serve-720.log" | tee -a "$results"
+    fi
 fi
 
 if [[ " $steps " == *" churn "* ]]; then

@@ -6,6 +6,8 @@
 #   scripts/make-video-corpus.sh OUT_DIR
 #
 #   bbb-1080p25.mp4       1920x1080 at 25 fps, H.264 High with B-frames (5 s; the capacity clip)
+#   bbb-1080p25-camera.mp4 the same without B-frames, as most IP cameras send: B-frames make
+#                         the decoder hold a picture until the ones shown before it arrive
 #   bbb-720p-baseline.mp4 1280x720, H.264 Constrained Baseline (no B-frames)
 #   bikes-odd.mp4         1278x718, H.264 High: a size that is not a multiple of 16 (cropped)
 #   bikes-small.mp4       322x242, H.264 High
@@ -40,6 +42,8 @@ make() {
 x264="x264enc speed-preset=veryfast key-int-max=50"
 make bbb-1080p25.mp4 bigbuckbunny.mp4 "video/x-raw,width=1920,height=1080,framerate=25/1,format=I420" \
     "$x264 bframes=2 bitrate=6000 ! video/x-h264,profile=high ! h264parse"
+make bbb-1080p25-camera.mp4 bigbuckbunny.mp4 "video/x-raw,width=1920,height=1080,framerate=25/1,format=I420" \
+    "$x264 bframes=0 bitrate=6000 ! video/x-h264,profile=high ! h264parse"
 make bbb-720p-baseline.mp4 bigbuckbunny.mp4 "video/x-raw,width=1280,height=720,format=I420" \
     "$x264 bitrate=2500 ! video/x-h264,profile=constrained-baseline ! h264parse"
 make bikes-odd.mp4 bikes.mp4 "video/x-raw,width=1278,height=718,pixel-aspect-ratio=1/1,format=I420" \

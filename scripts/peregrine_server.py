@@ -17,7 +17,9 @@ def start(binary, clip, serve_args, ready_timeout=300):
     roots = os.path.dirname(os.path.abspath(clip))
     proc = subprocess.Popen([binary, "serve", "--host", "127.0.0.1", "--port", "0", "--allow-grpc", "false",
                              "--log-level", "warn", "--stream-file-roots", roots, *serve_args],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+    # (errors="replace": a stray byte in the log must not kill the thread draining it, or
+    # the server blocks on a full pipe and the figures measure that instead.)
     base = None
     for line in proc.stderr:
         m = re.match(r"peregrine: listening on (http://\S+)", line)

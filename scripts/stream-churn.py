@@ -66,9 +66,19 @@ def main():
                 if a.decoder:
                     body["decoder"] = a.decoder
                 request(base, "/v1/streams", "POST", body)
+            # A decoder shows as active from its first picture: wait until every stream has
+            # one (a hundred decoders opening at once take seconds), then let them run.
+            posted = time.time()
+            while True:
+                decoders = [json.loads(request(base, f"/v1/streams/{n}"))["decoder"]["active"] for n in names]
+                if all(decoders) or time.time() - posted > 60:
+                    break
+                time.sleep(0.5)
+            opened = time.time() - posted
             time.sleep(a.streaming_seconds)
             decoders = [json.loads(request(base, f"/v1/streams/{n}"))["decoder"]["active"] for n in names]
-            row(r, f"{a.count} streams decoding", sum(1 for d in decoders if d == "nvdec"))
+            row(r, f"{a.count} streams decoding (all open after {opened:.1f} s)",
+                sum(1 for d in decoders if d == "nvdec"))
             for name in names:
                 request(base, f"/v1/streams/{name}", "DELETE")
             time.sleep(2)

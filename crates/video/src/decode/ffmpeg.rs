@@ -106,6 +106,7 @@ impl VideoDecoder {
     /// at all; whether it takes this stream shows with the first picture
     /// ([`Self::hardware_outcome`]).
     pub fn open_on(config: &DecoderConfig, hardware: Hardware) -> Result<Self, DecodeError> {
+        super::ffmpeg_log::route_to_tracing();
         // SAFETY: plain FFmpeg allocation calls; every pointer is checked before use and
         // owned by `Self` (freed in Drop) from the moment the struct is built.
         unsafe {

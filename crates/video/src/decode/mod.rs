@@ -4,6 +4,7 @@
 mod cuda;
 mod download;
 pub mod ffmpeg;
+mod ffmpeg_log;
 pub mod hardware;
 pub mod nvdec;
 pub mod worker;
