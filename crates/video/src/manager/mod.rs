@@ -34,6 +34,7 @@ use crate::supervisor::{StatusReporter, Supervisor, SupervisorConfig};
 use crate::telemetry::{CounterSnapshot, StreamCounters};
 
 mod handle;
+mod trim;
 
 pub use handle::StreamManagerHandle;
 
@@ -215,6 +216,7 @@ impl StreamManager {
                 sinks: options.sinks.clone(),
             }),
             options,
+            trimmer: trim::Trimmer::start(trim::release_free_memory),
             policy: policy.clone(),
             streams: BTreeMap::new(),
         };
@@ -280,6 +282,7 @@ impl RunningStream {
 
 struct Owner {
     options: ManagerOptions,
+    trimmer: trim::Trimmer,
     policy: Arc<UrlPolicy>,
     fanout: Arc<EventFanout>,
     streams: BTreeMap<String, RunningStream>,
@@ -299,8 +302,10 @@ impl Owner {
                 Command::Remove { name, reply } => match self.streams.remove(&name) {
                     // Stopping takes a moment; the owner keeps serving meanwhile.
                     Some(stream) => {
+                        let trimmer = self.trimmer.clone();
                         tokio::spawn(async move {
                             stream.stop().await;
+                            trimmer.stream_stopped();
                             let _ = reply.send(Ok(()));
                         });
                     }
