@@ -221,6 +221,12 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
 
 #[tokio::main]
 async fn main() {
+    // FFmpeg's lines come through `tracing` (an NVDEC refusal, a damaged picture): show
+    // its warnings and errors on stderr, as the scripts keep stderr as the run's log.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .init();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

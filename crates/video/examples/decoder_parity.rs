@@ -107,6 +107,12 @@ fn throughput(clip: &Arc<Clip>, hardware: Hardware, parallel: usize) -> Result<(
 
 #[tokio::main]
 async fn main() {
+    // FFmpeg's lines come through `tracing` (an NVDEC refusal, a damaged picture): show
+    // its warnings and errors on stderr, as the scripts keep stderr as the run's log.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .init();
     let mut args = std::env::args().skip(1).peekable();
     let (mut device, mut parallel, mut clips) = (0i32, 0usize, Vec::new());
     while let Some(a) = args.next() {
