@@ -175,10 +175,15 @@ impl Driver {
         Ok(stream)
     }
 
+    /// Destroys `stream`, making `ctx` current for it.
+    ///
     /// # Safety
-    /// `stream` was made by [`Self::create_stream`] in the current context and is not used again.
-    pub(super) unsafe fn destroy_stream(&self, stream: Stream) {
-        (self.stream_destroy)(stream);
+    /// `stream` was made by [`Self::create_stream`] in `ctx` and is not used again.
+    pub(super) unsafe fn destroy_stream(&self, ctx: Context, stream: Stream) -> Result<(), String> {
+        self.with_context(ctx, || {
+            (self.stream_destroy)(stream);
+            Ok(())
+        })
     }
 
     /// Page-locked host memory (the GPU copies into it at full speed, without staging).

@@ -96,8 +96,8 @@ impl HostCopy {
         let (luma_row, chroma_row) = (width * bytes_per_sample, chroma_w * 2 * bytes_per_sample);
         let (luma_pitch, chroma_pitch) = (pitch(luma_row), pitch(chroma_row));
         let driver = cuda::driver().map_err(DecodeError::Download)?;
-        let buffer = self.pinned_buffer(driver, ctx, luma_pitch * height + chroma_pitch * chroma_h)?;
-        let event = self.pinned.as_ref().map_or(ptr::null_mut(), |p| p.event);
+        let (buffer, event) =
+            self.pinned_buffer(driver, ctx, luma_pitch * height + chroma_pitch * chroma_h)?;
         let luma = buffer;
         let chroma = buffer.add(luma_pitch * height);
         driver
@@ -137,16 +137,16 @@ impl HostCopy {
         self.split(luma, luma_linesize, interleaved, chroma_pitch, chroma_w, chroma_h)
     }
 
-    /// The page-locked buffer, at least `bytes` long, made in `ctx`.
+    /// The page-locked buffer, at least `bytes` long, made in `ctx`, and its event.
     fn pinned_buffer(
         &mut self,
         driver: &Driver,
         ctx: cuda::Context,
         bytes: usize,
-    ) -> Result<*mut u8, DecodeError> {
+    ) -> Result<(*mut u8, cuda::Event), DecodeError> {
         if let Some(p) = &self.pinned {
             if p.ctx == ctx && p.bytes >= bytes {
-                return Ok(p.buffer);
+                return Ok((p.buffer, p.event));
             }
         }
         self.pinned = None;
@@ -168,7 +168,8 @@ impl HostCopy {
                 }
             })
             .map_err(DecodeError::Download)?;
-        Ok(self.pinned.insert(pinned).buffer)
+        let pinned = self.pinned.insert(pinned);
+        Ok((pinned.buffer, pinned.event))
     }
 
     /// NV12's luma with its chroma split into I420's planes.

@@ -57,10 +57,7 @@ pub(super) fn device_ref(device: i32) -> Result<*mut ff::AVBufferRef, String> {
     unsafe {
         let mut reference = ff::av_hwdevice_ctx_alloc(ff::AVHWDeviceType::AV_HWDEVICE_TYPE_CUDA);
         if reference.is_null() {
-            driver.with_context(ctx, || {
-                driver.destroy_stream(stream);
-                Ok(())
-            })?;
+            driver.destroy_stream(ctx, stream)?;
             return Err("FFmpeg could not allocate memory".into());
         }
         let device_ctx = (*reference).data as *mut ff::AVHWDeviceContext;
@@ -89,10 +86,7 @@ unsafe extern "C" fn release_stream(device_ctx: *mut ff::AVHWDeviceContext) {
         (*hwctx).stream as cuda::Stream,
     );
     if let Ok(driver) = cuda::driver() {
-        let _ = driver.with_context(ctx, || {
-            driver.destroy_stream(stream);
-            Ok(())
-        });
+        let _ = driver.destroy_stream(ctx, stream);
     }
 }
 
