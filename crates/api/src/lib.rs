@@ -38,6 +38,7 @@ mod fallback;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gauges;
+mod gb28181;
 pub mod gpu_metrics;
 pub mod grpc;
 mod health;
@@ -97,6 +98,8 @@ pub struct AppState {
     pub gpu: Option<Arc<gpu_metrics::GpuTelemetry>>,
     /// Live CPU profiles (`None`: profiling is off and its route answers 404).
     pub profiler: Option<Arc<profiling::Profiler>>,
+    /// The GB28181 SIP server (`None`: GB28181 is off and its routes answer 404).
+    pub gb28181: Option<peregrine_gb28181::service::Gb28181>,
 }
 
 impl AppState {
@@ -182,6 +185,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/streams/{name}/lines", put(live::put_lines))
         .route("/v1/streams/{name}/latest.jpg", get(live::latest))
         .route("/v1/streams/{name}/mjpeg", get(live::mjpeg))
+        .route("/v1/gb28181/devices", get(gb28181::devices))
+        .route("/v1/gb28181/devices/{id}", get(gb28181::device))
         .route("/v1/events", get(events::list))
         .route("/v1/events/stream", get(events::stream))
         .route("/v1/events/{id}", get(events::get).delete(events::delete))

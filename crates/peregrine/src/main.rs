@@ -6,6 +6,7 @@ mod cli;
 mod decode_bench;
 mod detect;
 mod events_config;
+mod gb28181_config;
 mod inputs;
 mod loadgen;
 mod model;

@@ -118,7 +118,14 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
     let metrics = peregrine_api::install_metrics_recorder().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
     let registry = ModelRegistry::start(registry_config(&s), Arc::new(OrtLoader));
     let events = s.events.open().await?;
-    let (sinks, streams) = start_video(&s, &registry, events.clone()).await?;
+    let gb28181 = s.gb28181.start().await?;
+    let (sinks, streams) = start_video(
+        &s,
+        &registry,
+        events.clone(),
+        gb28181.as_ref().map(|g| g.1.clone()),
+    )
+    .await?;
     let drain = Arc::new(Drain::default());
     let state = AppState {
         registry: registry.clone(),
@@ -136,6 +143,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         access,
         gpu: gpu_telemetry(),
         profiler: s.profiling.profiler(),
+        gb28181: gb28181.map(|g| g.0),
     };
     let tls = s.tls.start()?;
     let (listener, grpc_listener) = listen(&s, tls.is_some()).await?;
@@ -253,6 +261,7 @@ async fn start_video(
     s: &ServeSettings,
     registry: &ModelRegistry,
     events: Option<EventStore>,
+    live_play: Option<Arc<dyn peregrine_video::LivePlay>>,
 ) -> Result<(Sinks, StreamManagerHandle)> {
     let video = VideoConfig {
         streams: s.streams.clone(),
@@ -266,6 +275,18 @@ async fn start_video(
         model: s.stream_model.clone(),
     }));
     options.stream_policy = s.stream_policy.clone();
+    if live_play.is_some()
+        && !options
+            .stream_policy
+            .allowed_schemes
+            .iter()
+            .any(|x| x == "gb28181")
+    {
+        // Turning GB28181 on is the permission: such streams reach only registered,
+        // authenticated devices, never an address a request names.
+        options.stream_policy.allowed_schemes.push("gb28181".into());
+    }
+    options.live_play = live_play;
     options.decoder = peregrine_video::DecoderDefaults {
         kind: s.video_decoder,
         model_gpu: s.provider.gpu_device(),

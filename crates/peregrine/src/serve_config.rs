@@ -67,6 +67,8 @@ pub struct ServeSettings {
     pub shard: crate::shard_config::ShardSettings,
     /// Which stream URLs may be opened (`[stream_policy]`).
     pub stream_policy: crate::stream_policy_config::StreamPolicySettings,
+    /// The GB28181 SIP server for `gb28181://` streams (`[gb28181]`; off by default).
+    pub gb28181: crate::gb28181_config::Gb28181Settings,
     /// API keys and what may be served without them (`[auth]`).
     pub auth: crate::auth_config::AuthSettings,
     /// Every model's latency objective unless its config.toml sets its own (`[slo]`).
@@ -129,6 +131,7 @@ impl Default for ServeSettings {
             tls: Default::default(),
             shard: Default::default(),
             stream_policy: Default::default(),
+            gb28181: Default::default(),
             auth: Default::default(),
             slo: Default::default(),
             profiling: Default::default(),
@@ -293,6 +296,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub stream_policy: crate::stream_policy_config::StreamPolicyArgs,
     #[command(flatten)]
+    pub gb28181: crate::gb28181_config::Gb28181Args,
+    #[command(flatten)]
     pub auth: crate::auth_config::AuthArgs,
     #[command(flatten)]
     pub slo: crate::slo_config::SloArgs,
@@ -314,6 +319,7 @@ impl ServeArgs {
         let tls = std::mem::take(&mut self.tls);
         let shard = std::mem::take(&mut self.shard);
         let stream_policy = std::mem::take(&mut self.stream_policy);
+        let gb28181 = std::mem::take(&mut self.gb28181);
         let auth = std::mem::take(&mut self.auth);
         let slo = std::mem::take(&mut self.slo);
         let profiling = std::mem::take(&mut self.profiling);
@@ -372,6 +378,7 @@ impl ServeArgs {
         tls.apply(&mut s.tls);
         shard.apply(&mut s.shard);
         stream_policy.apply(&mut s.stream_policy);
+        gb28181.apply(&mut s.gb28181);
         auth.apply(&mut s.auth);
         slo.apply(&mut s.slo);
         profiling.apply(&mut s.profiling);
@@ -386,6 +393,7 @@ impl ServeSettings {
         self.tls.validate()?;
         self.shard.assignment()?;
         crate::stream_policy_config::validate(&self.stream_policy)?;
+        self.gb28181.validate()?;
         self.slo.apply(&mut None)?;
         let positive = [
             ("instances", self.instances),

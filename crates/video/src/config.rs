@@ -15,6 +15,7 @@ use crate::policy::{UrlPolicy, UrlRefusal};
 use crate::sinks::mqtt::MqttConfig;
 use crate::sinks::webhook::WebhookConfig;
 use crate::source::file::{FileOpener, Pacing};
+use crate::source::gb28181::{Gb28181Channel, Gb28181Opener, LivePlay};
 use crate::source::rtp::endpoint::RtpEndpoint;
 use crate::source::rtp::RtpOpener;
 use crate::source::rtsp::{RtspOpener, RtspTransport};
@@ -48,7 +49,9 @@ pub struct StreamConfig {
     /// `rtsp://[user:pass@]host[:port]/path`; a pushed RTP stream (GB28181) as
     /// `rtp://0.0.0.0:PORT?format=ps` (UDP) or `rtp+tcp://0.0.0.0:PORT?format=ps`
     /// (TCP, the camera connects; `&mode=active`: we connect to the URL's host), `format`
-    /// one of `ps`, `h264`, `h265`; or an mp4 file as `file:///path` or a path.
+    /// one of `ps`, `h264`, `h265`; a GB28181 device's channel as
+    /// `gb28181://DEVICE_ID/CHANNEL_ID[?transport=tcp]` (the server INVITEs it); or an mp4
+    /// file as `file:///path` or a path.
     pub url: String,
     /// RTP transport for RTSP streams.
     #[serde(default)]
@@ -132,6 +135,7 @@ pub fn redact_url(url: &str) -> String {
 pub(crate) enum SourceUrl {
     Rtsp(url::Url),
     Rtp(RtpEndpoint),
+    Gb28181(Gb28181Channel),
     File(PathBuf),
 }
 
@@ -288,9 +292,13 @@ impl StreamConfig {
             let url = url::Url::parse(&self.url).map_err(|e| fail(format!("bad RTP URL: {e}")))?;
             return RtpEndpoint::parse(&url).map(SourceUrl::Rtp).map_err(fail);
         }
+        if self.url.starts_with("gb28181://") {
+            let url = url::Url::parse(&self.url).map_err(|e| fail(format!("bad GB28181 URL: {e}")))?;
+            return Gb28181Channel::parse(&url).map(SourceUrl::Gb28181).map_err(fail);
+        }
         if self.url.contains("://") && !self.url.starts_with("file://") {
             return Err(fail(
-                "url must start with rtsp://, rtp:// or rtp+tcp://, or be an mp4 file (file:///path or a path); rtsps is not supported"
+                "url must start with rtsp://, rtp://, rtp+tcp:// or gb28181://, or be an mp4 file (file:///path or a path); rtsps is not supported"
                     .into(),
             ));
         }
@@ -301,13 +309,15 @@ impl StreamConfig {
     }
 
     /// The source this definition names, as `policy` allows it: an RTSP camera checked
-    /// again before every connection, a file opened by its canonical path. `clock` stamps
-    /// what it reads where the source has no clock of its own (files).
+    /// again before every connection, a file opened by its canonical path, a GB28181
+    /// channel through `live` (checked present by [`StreamConfig::needs_gb28181`]'s caller).
+    /// `clock` stamps what it reads where the source has no clock of its own (files, RTP).
     pub(crate) fn opener(
         &self,
         source: SourceUrl,
         clock: &Arc<dyn WallClock>,
         policy: &Arc<UrlPolicy>,
+        live: Option<&Arc<dyn LivePlay>>,
     ) -> Result<Arc<dyn Opener>, UrlRefusal> {
         let path = match source {
             SourceUrl::Rtsp(url) => {
@@ -318,6 +328,11 @@ impl StreamConfig {
             SourceUrl::Rtp(endpoint) => {
                 let opener =
                     RtpOpener::new(endpoint, self.decode_threads, clock.clone()).guarded_by(policy.clone());
+                return Ok(Arc::new(opener));
+            }
+            SourceUrl::Gb28181(channel) => {
+                let live = live.ok_or(UrlRefusal::Gb28181Off)?;
+                let opener = Gb28181Opener::new(channel, live.clone(), self.decode_threads, clock.clone());
                 return Ok(Arc::new(opener));
             }
             SourceUrl::File(path) => policy.file_path(&path)?,
@@ -392,18 +407,29 @@ mod tests {
         let policy = Arc::new(UrlPolicy::new(&policy, Arc::new(crate::policy::SystemResolver)).unwrap());
         let gate = &cfg.streams[2];
         gate.validate().unwrap();
-        let opener = gate.opener(gate.source_url().unwrap(), &clock, &policy).unwrap();
+        let opener = gate
+            .opener(gate.source_url().unwrap(), &clock, &policy, None)
+            .unwrap();
         assert_eq!(
             opener.describe(),
             "rtp://0.0.0.0:15060?format=ps (rtp over udp, listening, mpeg-ps)"
         );
         assert!(!cam
-            .opener(cam.source_url().unwrap(), &clock, &policy)
+            .opener(cam.source_url().unwrap(), &clock, &policy, None)
             .unwrap()
             .describe()
             .contains("pass"));
         assert!(!format!("{cam:?}").contains("pass") && !cam.redacted().url.contains("pass"));
         assert!(cam.redacted().url.contains("user:REDACTED@"));
+        let channel = StreamConfig::new("gb", "gb28181://34020000001320000001/34020000001310000001");
+        let refusal = channel
+            .opener(channel.source_url().unwrap(), &clock, &policy, None)
+            .err();
+        assert_eq!(
+            refusal,
+            Some(UrlRefusal::Gb28181Off),
+            "no GB28181 server, no such streams"
+        );
         let demo = &cfg.streams[1];
         assert!(demo.looped && !demo.realtime);
         assert_eq!(demo.backoff.max_ms, 2000);

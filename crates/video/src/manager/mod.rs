@@ -29,6 +29,7 @@ use crate::frame::FramePool;
 use crate::latest::LatestSlot;
 use crate::policy::{HostResolver, StreamPolicy, SystemResolver, UrlPolicy, UrlRefusal};
 use crate::shard::{ShardAssignment, ShardPlacement};
+use crate::source::gb28181::LivePlay;
 use crate::source::Opener;
 use crate::supervisor::{StatusReporter, Supervisor, SupervisorConfig};
 use crate::telemetry::{CounterSnapshot, StreamCounters};
@@ -110,6 +111,9 @@ pub struct ManagerOptions {
     pub resolver: Arc<dyn HostResolver>,
     /// The decoder of streams that name none, and the GPU `auto` decodes on.
     pub decoder: DecoderDefaults,
+    /// The server's GB28181 signalling, for `gb28181://` streams (`None`: GB28181 is off
+    /// and such streams are refused).
+    pub live_play: Option<Arc<dyn LivePlay>>,
 }
 
 impl ManagerOptions {
@@ -124,6 +128,7 @@ impl ManagerOptions {
             stream_policy: StreamPolicy::default(),
             resolver: Arc::new(SystemResolver),
             decoder: DecoderDefaults::default(),
+            live_play: None,
         }
     }
 }
@@ -421,7 +426,12 @@ impl Owner {
         let opener = match opener {
             Some(o) => o,
             None => config
-                .opener(config.source_url()?, &self.options.clock, &self.policy)
+                .opener(
+                    config.source_url()?,
+                    &self.options.clock,
+                    &self.policy,
+                    self.options.live_play.as_ref(),
+                )
                 .map_err(|refusal| ManagerError::refused(&config, refusal))?,
         };
         // Class names are the model's: checked before anything of the stream starts, when

@@ -22,7 +22,7 @@ use crate::config::SourceUrl;
 use address::{HostAllowList, RefusedRange};
 
 /// The schemes a stream URL may have; anything else is a settings mistake.
-const KNOWN_SCHEMES: [&str; 5] = ["rtsp", "rtsps", "rtp", "rtp+tcp", "file"];
+const KNOWN_SCHEMES: [&str; 6] = ["rtsp", "rtsps", "rtp", "rtp+tcp", "gb28181", "file"];
 /// RTSP's port when the URL names none.
 const RTSP_PORT: u16 = 554;
 
@@ -71,6 +71,8 @@ pub enum UrlRefusal {
     Unreadable { path: String, reason: String },
     #[error("the url names no host")]
     NoHost,
+    #[error("GB28181 is off on this server: gb28181:// streams need its SIP server (--gb28181-listen, or [gb28181] in the config file)")]
+    Gb28181Off,
     #[error("host {0} is a number in a form other than a.b.c.d; write the address as a dotted quad")]
     NumericHost(String),
     #[error("host {0:?} is not a plain host name or address")]
@@ -138,7 +140,7 @@ impl UrlPolicy {
             let scheme = scheme.trim().to_ascii_lowercase();
             if !KNOWN_SCHEMES.contains(&scheme.as_str()) {
                 return Err(format!(
-                    "allowed_schemes: unknown scheme {scheme:?} (known: rtsp, rtsps, rtp, rtp+tcp, file)"
+                    "allowed_schemes: unknown scheme {scheme:?} (known: rtsp, rtsps, rtp, rtp+tcp, gb28181, file)"
                 ));
             }
             schemes.push(scheme);
@@ -228,6 +230,8 @@ impl UrlPolicy {
             SourceUrl::Rtp(endpoint) if endpoint.connects_out() => &endpoint.url,
             // It listens: only its scheme is judged.
             SourceUrl::Rtp(endpoint) => return self.scheme_allowed(endpoint.url.scheme()),
+            // A registered, authenticated device pushes to us: only the scheme is judged.
+            SourceUrl::Gb28181(channel) => return self.scheme_allowed(channel.url.scheme()),
             SourceUrl::File(path) => return self.file_path(path).map(|_| ()),
         };
         match self.rtsp_address(url).await {

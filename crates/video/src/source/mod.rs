@@ -5,9 +5,10 @@
 //! called again after every failure; the [`Source`] it returns yields access units until
 //! the stream ends or breaks. [`rtsp`] implements both with retina, [`file`] with re_mp4,
 //! [`rtp`] for cameras that push RTP to us (GB28181: MPEG-PS or H.264/H.265, over UDP or
-//! TCP).
+//! TCP), [`gb28181`] for GB28181 channels the server INVITEs to push that RTP.
 
 pub mod file;
+pub mod gb28181;
 pub mod rtp;
 pub mod rtsp;
 

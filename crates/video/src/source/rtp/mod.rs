@@ -105,7 +105,7 @@ impl RtpOpener {
                 let address = bind()?;
                 let socket = bind_udp(address)
                     .map_err(|e| self.connect_error(format!("cannot listen on udp {address}: {e}")))?;
-                Input::Udp(socket, vec![0; MAX_DATAGRAM])
+                Input::udp(socket)
             }
             RtpTransport::TcpPassive => {
                 let address = bind()?;
@@ -142,7 +142,7 @@ impl RtpOpener {
     }
 }
 
-fn bind_udp(address: SocketAddr) -> std::io::Result<UdpSocket> {
+pub(crate) fn bind_udp(address: SocketAddr) -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(address), Type::DGRAM, Some(Protocol::UDP))?;
     // Best effort: a smaller buffer still works, it only drops more in a burst.
@@ -157,35 +157,15 @@ impl Opener for RtpOpener {
         let this = self.clone();
         Box::pin(async move {
             let input = this.input().await?;
-            let payload = match this.endpoint.format {
-                RtpFormat::Ps(codec) => Payload::Ps(PsDemuxer::with_codec(codec)),
-                RtpFormat::Nal(codec) => Payload::Nal(NalDepacketizer::new(codec)),
-            };
-            let parameters = match this.endpoint.format {
-                RtpFormat::Nal(codec) | RtpFormat::Ps(Some(codec)) => {
-                    Some(parameters(codec, this.decode_threads))
-                }
-                RtpFormat::Ps(None) => None,
-            };
-            let timestamp_bits = match payload {
-                // PES timestamps are 33 bits; plain RTP's are 32.
-                Payload::Ps(_) => 33,
-                Payload::Nal(_) => 32,
-            };
-            Ok(Box::new(RtpSource {
-                url: this.endpoint.url.to_string(),
+            let source = RtpSource::new(
+                this.endpoint.url.to_string(),
                 input,
-                ssrc: None,
-                foreign: 0,
-                jitter: JitterBuffer::new(this.jitter),
-                payload,
-                timeline: RtpTimeline::new(timestamp_bits),
-                announced: parameters.clone(),
-                parameters,
-                decode_threads: this.decode_threads,
-                clock: this.clock.clone(),
-                ready: VecDeque::new(),
-            }) as Box<dyn Source>)
+                this.endpoint.format,
+                this.decode_threads,
+                this.jitter,
+                this.clock.clone(),
+            );
+            Ok(Box::new(source) as Box<dyn Source>)
         })
     }
 
@@ -219,7 +199,7 @@ fn parameters(codec: Codec, threads: usize) -> StreamParameters {
     }
 }
 
-enum Input {
+pub(crate) enum Input {
     Udp(UdpSocket, Vec<u8>),
     /// Passive TCP before the sender connected.
     Listening(TcpListener),
@@ -228,7 +208,11 @@ enum Input {
 }
 
 impl Input {
-    fn tcp(stream: TcpStream) -> Self {
+    pub(crate) fn udp(socket: UdpSocket) -> Self {
+        Input::Udp(socket, vec![0; MAX_DATAGRAM])
+    }
+
+    pub(crate) fn tcp(stream: TcpStream) -> Self {
         let _ = stream.set_nodelay(true);
         Input::Tcp(stream, BytesMut::with_capacity(2 * MAX_DATAGRAM))
     }
@@ -272,9 +256,12 @@ enum Payload {
     Nal(NalDepacketizer),
 }
 
-struct RtpSource {
+pub(crate) struct RtpSource {
     url: String,
     input: Input,
+    /// The signalling's word that the sender ended (a GB28181 device's BYE or going
+    /// offline); dropping it hangs up.
+    session: Option<BoxFuture<'static, String>>,
     /// The sender followed, and how many packets in a row came from another.
     ssrc: Option<u32>,
     foreign: u32,
@@ -287,6 +274,52 @@ struct RtpSource {
     decode_threads: usize,
     clock: Arc<dyn WallClock>,
     ready: VecDeque<EncodedFrame>,
+}
+
+impl RtpSource {
+    pub(crate) fn new(
+        url: String,
+        input: Input,
+        format: RtpFormat,
+        decode_threads: usize,
+        jitter: JitterConfig,
+        clock: Arc<dyn WallClock>,
+    ) -> RtpSource {
+        let payload = match format {
+            RtpFormat::Ps(codec) => Payload::Ps(PsDemuxer::with_codec(codec)),
+            RtpFormat::Nal(codec) => Payload::Nal(NalDepacketizer::new(codec)),
+        };
+        let parameters = match format {
+            RtpFormat::Nal(codec) | RtpFormat::Ps(Some(codec)) => Some(parameters(codec, decode_threads)),
+            RtpFormat::Ps(None) => None,
+        };
+        let timestamp_bits = match payload {
+            // PES timestamps are 33 bits; plain RTP's are 32.
+            Payload::Ps(_) => 33,
+            Payload::Nal(_) => 32,
+        };
+        RtpSource {
+            url,
+            input,
+            session: None,
+            ssrc: None,
+            foreign: 0,
+            jitter: JitterBuffer::new(jitter),
+            payload,
+            timeline: RtpTimeline::new(timestamp_bits),
+            announced: parameters.clone(),
+            parameters,
+            decode_threads,
+            clock,
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// Ends the source with the reason `ended` resolves to; holding it keeps the session.
+    pub(crate) fn with_session(mut self, ended: BoxFuture<'static, String>) -> RtpSource {
+        self.session = Some(ended);
+        self
+    }
 }
 
 impl Source for RtpSource {
@@ -311,6 +344,10 @@ impl Source for RtpSource {
                 let received = tokio::select! {
                     received = self.input.receive() => received,
                     () = sleep_until(deadline) => continue,
+                    reason = session_end(&mut self.session) => {
+                        self.session = None;
+                        return Err(self.stream_error(reason));
+                    }
                 };
                 let data = match received {
                     Ok(Some(data)) => data,
@@ -342,6 +379,13 @@ impl Drop for RtpSource {
             access_units_dropped = dropped,
             "rtp connection ended"
         );
+    }
+}
+
+async fn session_end(session: &mut Option<BoxFuture<'static, String>>) -> String {
+    match session {
+        Some(ended) => ended.await,
+        None => std::future::pending().await,
     }
 }
 
