@@ -64,6 +64,7 @@ t, n, s, f = ($t1 - $t0) / $tick, $streams, $secs, ($f1 - $f0)
 print(f'$1: {n} streams, {t / s / n:.3f} cores per stream, {f / s / n:.2f} frames detected/s per stream')"
 }
 
+: >"$work/rtsp.out"
 /usr/bin/python3 "$root/scripts/rtsp-test-server.py" cam="$clip" >"$work/rtsp.out" 2>"$work/rtsp.log" &
 pids+=("$!")
 until grep -q READY "$work/rtsp.out"; do sleep 0.1; done
@@ -73,6 +74,7 @@ measure "rtsp (rtp/tcp)" rtsp
 remove_all rtsp
 
 # Enough rounds of the clip (about 10 s each) for the warm-up and the measurement.
+: >"$work/device.out"
 "$device" "$sip" "$password" "$clip" "$streams" $(((secs + 40) / 8)) >"$work/device.out" 2>"$work/device.log" &
 pids+=("$!")
 until grep -q REGISTERED "$work/device.out"; do sleep 0.1; done

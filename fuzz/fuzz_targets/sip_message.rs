@@ -60,6 +60,7 @@ fuzz_target!(|data: &[u8]| {
         password: "12345678".into(),
         address: "192.168.1.64:5060".into(),
         tcp: false,
+        media_port: 15060,
     });
     let _ = device.on_message(data);
     let _ = manscdp::parse(data);

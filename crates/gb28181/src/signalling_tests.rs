@@ -23,6 +23,7 @@ fn device(tcp: bool) -> SimulatedDevice {
         password: crate::fixtures::PASSWORD.into(),
         address: "192.168.1.64:5060".into(),
         tcp,
+        media_port: 15060,
     })
 }
 

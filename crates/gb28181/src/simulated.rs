@@ -23,6 +23,9 @@ pub struct DeviceIdentity {
     /// Its own address, for Via and Contact (`ip:port`).
     pub address: String,
     pub tcp: bool,
+    /// The media port its answers name: where it sends from, or where it listens when the
+    /// server connects (TCP active).
+    pub media_port: u16,
 }
 
 /// Where the server asked a channel's media to go.
@@ -253,9 +256,10 @@ impl SimulatedDevice {
             .next()
             .unwrap_or_default()
             .to_string();
+        let media_port = self.identity.media_port;
         let answer = format!(
             "v=0\r\no={channel_id} 0 0 IN IP4 {host}\r\ns=Play\r\nc=IN IP4 {host}\r\nt=0 0\r\n\
-             m=video 15060 {proto} 96\r\na=sendonly\r\na=rtpmap:96 PS/90000\r\n{setup}y={ssrc}\r\nf=\r\n"
+             m=video {media_port} {proto} 96\r\na=sendonly\r\na=rtpmap:96 PS/90000\r\n{setup}y={ssrc}\r\nf=\r\n"
         );
         let mut ok = sip::response(request, 200, Some(&format!("d{channel_id}")));
         let contact = format!("<sip:{channel_id}@{}>", self.identity.address);

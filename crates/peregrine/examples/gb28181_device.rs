@@ -54,6 +54,7 @@ async fn main() {
             password: password.clone(),
             address: String::new(),
             tcp: false,
+            media_port: 0,
         };
         states.push(device::start(identity, sip, media.clone()).await);
     }

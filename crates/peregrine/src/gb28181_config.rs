@@ -14,7 +14,7 @@ use peregrine_gb28181::sdp::MediaTransport;
 use peregrine_gb28181::service::{Gb28181, ServiceConfig};
 use peregrine_gb28181::signalling::{PlayRequest, SignallingConfig};
 use peregrine_gb28181::sip::LocalEndpoint;
-use peregrine_video::{LivePlay, LivePlayGrant, LivePlayRequest};
+use peregrine_video::{LivePlay, LivePlayGrant, LivePlayRequest, LiveTransport};
 use serde::Deserialize;
 
 /// The GB28181 SIP server, as `[gb28181]` spells it. Off unless `listen` is set.
@@ -252,14 +252,22 @@ impl LivePlay for SipBridge {
                 device_id: request.device_id,
                 channel_id: request.channel_id,
                 media_port: request.media_port,
-                transport: match request.tcp {
-                    true => MediaTransport::TcpPassive,
-                    false => MediaTransport::Udp,
+                transport: match request.transport {
+                    LiveTransport::Udp => MediaTransport::Udp,
+                    LiveTransport::TcpPassive => MediaTransport::TcpPassive,
+                    LiveTransport::TcpActive => MediaTransport::TcpActive,
                 },
             };
             let play = service.play(request).await.map_err(|e| e.to_string())?;
+            let device_media = play
+                .answer
+                .address
+                .parse()
+                .ok()
+                .map(|ip| std::net::SocketAddr::new(ip, play.answer.port));
             let ended = play.ended;
             Ok(LivePlayGrant {
+                device_media,
                 ended: Box::pin(async move {
                     ended
                         .await

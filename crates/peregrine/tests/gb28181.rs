@@ -7,8 +7,9 @@
 //! 2. its keepalives stop: the server marks it offline and ends the play with a BYE; the
 //!    stream backs off; the device registers again and the stream resumes on its own;
 //! 3. removing the stream sends a BYE;
-//! 4. a device over TCP (SIP and media) with two channels pushed frame by frame together:
-//!    both streams detect, and their capture times agree within 3 ms.
+//! 4. a device over TCP (SIP and media, the device connecting for one channel and the
+//!    server for the other) with two channels pushed frame by frame together: both streams
+//!    detect, and their capture times agree within 3 ms.
 
 mod common;
 #[path = "gb28181/device.rs"]
@@ -53,6 +54,8 @@ fn identity(id: &str, channels: Vec<String>, tcp: bool) -> DeviceIdentity {
         password: PASSWORD.into(),
         address: String::new(),
         tcp,
+        // Set by the device once it listens for TCP active media.
+        media_port: 0,
     }
 }
 

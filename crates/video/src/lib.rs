@@ -81,7 +81,7 @@ pub use sinks::{ConfiguredSinks, SinkError};
 pub use source::file::{FileOpener, Pacing};
 /// Pushed RTP: the source and its parsers (RTP headers, the jitter buffer, the MPEG-PS
 /// demuxer, H.264/H.265 depacketization), public for the fuzz targets in fuzz/.
-pub use source::gb28181::{Gb28181Channel, LivePlay, LivePlayGrant, LivePlayRequest};
+pub use source::gb28181::{Gb28181Channel, LivePlay, LivePlayGrant, LivePlayRequest, LiveTransport};
 pub use source::rtp;
 pub use source::rtp::RtpOpener;
 pub use source::rtsp::{RtspOpener, RtspTransport};

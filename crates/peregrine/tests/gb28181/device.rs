@@ -12,7 +12,7 @@ use peregrine_gb28181::framing::{self, Frame};
 use peregrine_gb28181::sdp::MediaTransport;
 use peregrine_gb28181::simulated::{DeviceIdentity, MediaTarget, SimulatedDevice};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::mpsc;
 
 use crate::rtp_pusher::{packetize, Impairment, PsFrame};
@@ -74,6 +74,10 @@ pub async fn start(identity: DeviceIdentity, server: SocketAddr, media: Media) -
     let tcp = identity.tcp;
     let (incoming_tx, incoming) = mpsc::channel::<Vec<u8>>(64);
     let mut identity = identity;
+    // Where the server connects for TCP active media (the answers name its port).
+    let media_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    identity.media_port = media_listener.local_addr().unwrap().port();
+    let media_listener = Arc::new(media_listener);
     let link = if tcp {
         let stream = TcpStream::connect(server).await.expect("SIP over TCP connects");
         identity.address = stream.local_addr().unwrap().to_string();
@@ -110,13 +114,8 @@ pub async fn start(identity: DeviceIdentity, server: SocketAddr, media: Media) -
         });
         SipLink::Udp(socket, server)
     };
-    tokio::spawn(run(
-        SimulatedDevice::new(identity),
-        link,
-        incoming,
-        state.clone(),
-        media,
-    ));
+    let device = SimulatedDevice::new(identity);
+    tokio::spawn(run(device, link, incoming, state.clone(), media, media_listener));
     state
 }
 
@@ -126,6 +125,7 @@ async fn run(
     mut incoming: mpsc::Receiver<Vec<u8>>,
     state: Arc<DeviceState>,
     media: Media,
+    media_listener: Arc<TcpListener>,
 ) {
     let register = device.register(None, 3600);
     link.send(&register).await;
@@ -152,7 +152,8 @@ async fn run(
                     waiting.push(target);
                     if waiting.len() >= media.lockstep {
                         let targets = std::mem::take(&mut waiting);
-                        tokio::spawn(push(targets, media.clone(), state.clone()));
+                        let listener = media_listener.clone();
+                        tokio::spawn(push(targets, media.clone(), state.clone(), listener));
                     }
                 }
             }
@@ -171,9 +172,21 @@ async fn run(
     }
 }
 
+/// A packet of round `round`: RTP sequence numbers and timestamps go on from the round
+/// before, as a camera's do (the PES timestamps inside start again, as a file camera's).
+fn next_round(packet: &[u8], round: u32, packets: usize, frames: u32) -> Vec<u8> {
+    let mut p = packet.to_vec();
+    let seq = u16::from_be_bytes([p[2], p[3]]).wrapping_add((round as usize * packets) as u16);
+    p[2..4].copy_from_slice(&seq.to_be_bytes());
+    let ticks = u32::from_be_bytes([p[4], p[5], p[6], p[7]]);
+    let per_frame = (FRAME.as_micros() * 90 / 1000) as u32;
+    p[4..8].copy_from_slice(&ticks.wrapping_add(round * frames * per_frame).to_be_bytes());
+    p
+}
+
 /// Pushes the clip `rounds` times to every target, frame by frame together, while the
 /// targets' plays last.
-async fn push(targets: Vec<MediaTarget>, media: Media, state: Arc<DeviceState>) {
+async fn push(targets: Vec<MediaTarget>, media: Media, state: Arc<DeviceState>, listener: Arc<TcpListener>) {
     enum Out {
         Udp(UdpSocket, SocketAddr),
         Tcp(TcpStream),
@@ -189,7 +202,15 @@ async fn push(targets: Vec<MediaTarget>, media: Media, state: Arc<DeviceState>) 
                     .await
                     .expect("the server's media port listens"),
             ),
-            MediaTransport::TcpActive => panic!("the server offered TCP active"),
+            MediaTransport::TcpActive => {
+                let accepted = tokio::time::timeout(Duration::from_secs(10), listener.accept()).await;
+                Out::Tcp(
+                    accepted
+                        .expect("the server connects for TCP active media")
+                        .unwrap()
+                        .0,
+                )
+            }
         };
         outs.push((
             target.call_id.clone(),
@@ -211,6 +232,7 @@ async fn push(targets: Vec<MediaTarget>, media: Media, state: Arc<DeviceState>) 
             let Some((_, packet)) = packets.get(i) else {
                 continue;
             };
+            let packet = &next_round(packet, round, packets.len(), per_round);
             match out {
                 Out::Udp(socket, to) => {
                     let _ = socket.send_to(packet, *to).await;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use peregrine_types::WallClock;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use url::Url;
 
 use super::rtp::endpoint::RtpFormat;
@@ -24,6 +24,18 @@ use super::{Opener, Source, SourceError};
 pub struct LivePlayGrant {
     /// Resolves with the reason when the device ends the play; dropping it hangs up.
     pub ended: BoxFuture<'static, String>,
+    /// Where the device said it sends from or, with TCP active, listens (its SDP answer).
+    pub device_media: Option<SocketAddr>,
+}
+
+/// How a channel's media reaches the server (GB28181's three ways).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveTransport {
+    Udp,
+    /// TCP, the device connecting to the server's media port.
+    TcpPassive,
+    /// TCP, the server connecting to the port the device answers with.
+    TcpActive,
 }
 
 /// What a stream asks the signalling for.
@@ -31,10 +43,9 @@ pub struct LivePlayGrant {
 pub struct LivePlayRequest {
     pub device_id: String,
     pub channel_id: String,
-    /// Where the stream listens.
+    /// Where the stream listens (with TCP active: the port offered, not listened on).
     pub media_port: u16,
-    /// TCP with the device connecting to us, else UDP.
-    pub tcp: bool,
+    pub transport: LiveTransport,
 }
 
 /// The server's GB28181 signalling, as streams need it.
@@ -45,13 +56,13 @@ pub trait LivePlay: Send + Sync + 'static {
     fn play(&self, request: LivePlayRequest) -> BoxFuture<'static, Result<LivePlayGrant, String>>;
 }
 
-/// A checked `gb28181://DEVICE/CHANNEL[?transport=udp|tcp]`.
+/// A checked `gb28181://DEVICE/CHANNEL[?transport=udp|tcp|tcp-active]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gb28181Channel {
     pub url: Url,
     pub device_id: String,
     pub channel_id: String,
-    pub tcp: bool,
+    pub transport: LiveTransport,
 }
 
 impl Gb28181Channel {
@@ -71,22 +82,26 @@ impl Gb28181Channel {
                 return Err(format!("{what} id {id:?} is not 20 digits: {form}"));
             }
         }
-        let mut tcp = None;
+        let mut transport = None;
         for (key, value) in url.query_pairs() {
-            match (key.as_ref(), value.as_ref()) {
-                ("transport", "udp") if tcp.is_none() => tcp = Some(false),
-                ("transport", "tcp") if tcp.is_none() => tcp = Some(true),
+            let chosen = match (key.as_ref(), value.as_ref()) {
+                ("transport", "udp") => LiveTransport::Udp,
+                ("transport", "tcp" | "tcp-passive") => LiveTransport::TcpPassive,
+                ("transport", "tcp-active") => LiveTransport::TcpActive,
                 ("transport", other) => {
-                    return Err(format!("transport={other} is not udp or tcp (given once)"))
+                    return Err(format!("transport={other} is not udp, tcp (the device connects) or tcp-active (the server connects)"))
                 }
                 (other, _) => return Err(format!("unknown GB28181 url option {other:?} (known: transport)")),
+            };
+            if transport.replace(chosen).is_some() {
+                return Err("GB28181 url option \"transport\" is given twice".into());
             }
         }
         Ok(Self {
             url: url.clone(),
             device_id,
             channel_id,
-            tcp: tcp.unwrap_or(false),
+            transport: transport.unwrap_or(LiveTransport::Udp),
         })
     }
 }
@@ -127,8 +142,9 @@ impl Gb28181Opener {
         }
     }
 
-    /// A media input on a free port of the range, and the port.
-    async fn bind(&self) -> Result<(Input, u16), SourceError> {
+    /// A media input on a free port of the range, and the port; with TCP active, no input
+    /// yet (the server connects once the device answers) and the range's first port.
+    async fn bind(&self) -> Result<(Option<Input>, u16), SourceError> {
         let ports = self.live.media_ports();
         let (first, count) = (*ports.start(), ports.len());
         if count == 0 {
@@ -138,15 +154,34 @@ impl Gb28181Opener {
         for i in 0..count {
             let port = first + ((offset + i) % count) as u16;
             let address = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
-            let bound = match self.channel.tcp {
-                true => TcpListener::bind(address).await.map(Input::Listening),
-                false => bind_udp(address).map(Input::udp),
+            let bound = match self.channel.transport {
+                LiveTransport::TcpActive => return Ok((None, first)),
+                LiveTransport::TcpPassive => TcpListener::bind(address).await.map(Input::Listening),
+                LiveTransport::Udp => bind_udp(address).map(Input::udp),
             };
             if let Ok(input) = bound {
-                return Ok((input, port));
+                return Ok((Some(input), port));
             }
         }
         Err(self.connect_error(format!("no free media port in {}-{}", ports.start(), ports.end())))
+    }
+}
+
+impl Gb28181Opener {
+    /// TCP active: connects to the port the device answered with. The address is the
+    /// device's own (where its SIP came from, in its answer), not one a request named.
+    async fn connect_to_device(&self, device: Option<SocketAddr>) -> Result<Input, SourceError> {
+        let address = device
+            .filter(|a| a.port() != 0 && !a.ip().is_unspecified())
+            .ok_or_else(|| {
+                self.connect_error("the device's answer names no address and port to connect to")
+            })?;
+        let stream = TcpStream::connect(address).await.map_err(|e| {
+            self.connect_error(format!(
+                "cannot connect to the device's media port {address}: {e}"
+            ))
+        })?;
+        Ok(Input::tcp(stream))
     }
 }
 
@@ -159,9 +194,13 @@ impl Opener for Gb28181Opener {
                 device_id: this.channel.device_id.clone(),
                 channel_id: this.channel.channel_id.clone(),
                 media_port,
-                tcp: this.channel.tcp,
+                transport: this.channel.transport,
             };
             let grant = this.live.play(request).await.map_err(|e| this.connect_error(e))?;
+            let input = match input {
+                Some(input) => input,
+                None => this.connect_to_device(grant.device_media).await?,
+            };
             let source = RtpSource::new(
                 this.channel.url.to_string(),
                 input,
@@ -176,7 +215,11 @@ impl Opener for Gb28181Opener {
     }
 
     fn describe(&self) -> String {
-        let how = if self.channel.tcp { "tcp" } else { "udp" };
+        let how = match self.channel.transport {
+            LiveTransport::Udp => "udp",
+            LiveTransport::TcpPassive => "tcp, the device connecting",
+            LiveTransport::TcpActive => "tcp, connecting to the device",
+        };
         format!("{} (gb28181 live play, mpeg-ps over {how})", self.channel.url)
     }
 }
@@ -193,14 +236,17 @@ mod tests {
     fn urls_name_a_device_and_channel() {
         let c = parse("gb28181://34020000001320000001/34020000001310000001").unwrap();
         assert_eq!(
-            (c.device_id.as_str(), c.channel_id.as_str(), c.tcp),
-            ("34020000001320000001", "34020000001310000001", false)
+            (c.device_id.as_str(), c.channel_id.as_str(), c.transport),
+            ("34020000001320000001", "34020000001310000001", LiveTransport::Udp)
         );
-        assert!(
-            parse("gb28181://34020000001320000001/34020000001310000001?transport=tcp")
-                .unwrap()
-                .tcp
-        );
+        let with = |t: &str| {
+            parse(&format!(
+                "gb28181://34020000001320000001/34020000001310000001?transport={t}"
+            ))
+        };
+        assert_eq!(with("tcp").unwrap().transport, LiveTransport::TcpPassive);
+        assert_eq!(with("tcp-active").unwrap().transport, LiveTransport::TcpActive);
+        assert!(with("udp&transport=tcp").unwrap_err().contains("given twice"));
         for (bad, says) in [
             (
                 "gb28181://3402/34020000001310000001",

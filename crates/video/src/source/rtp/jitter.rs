@@ -13,6 +13,11 @@ use super::packet::RtpPacket;
 
 /// A packet further than this behind or ahead of the window restarts the sequence.
 const RESTART_DISTANCE: u64 = 3_000;
+/// Late packets in a row that restart the sequence too: a sender that started again a
+/// little behind where it was (a camera looping a file, an encoder restarted with the same
+/// initial number) is not reordering that much, and would otherwise be dropped as late
+/// until its numbers caught up.
+const LATE_RUN_RESTARTS: u32 = 64;
 
 /// How long and how much the buffer waits for a missing packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +80,8 @@ pub struct JitterBuffer {
     /// After a restart, the old sequence's packets still go out first; the new sequence
     /// starts here once they have.
     restart_at: Option<u64>,
+    /// Late packets in a row.
+    late_run: u32,
     stats: JitterStats,
 }
 
@@ -88,6 +95,7 @@ impl JitterBuffer {
             next: None,
             held: BTreeMap::new(),
             restart_at: None,
+            late_run: 0,
             stats: JitterStats::default(),
         }
     }
@@ -125,7 +133,9 @@ impl JitterBuffer {
         let reference = self.held.keys().next_back().copied().unwrap_or(next).max(next);
         let ext = Self::extend(reference, packet.sequence);
         let far = ext + RESTART_DISTANCE < next || ext > reference + RESTART_DISTANCE;
-        if far {
+        self.late_run = if ext < next { self.late_run + 1 } else { 0 };
+        if far || self.late_run >= LATE_RUN_RESTARTS {
+            self.late_run = 0;
             self.stats.restarts += 1;
             // The new sequence numbers follow everything held, out of reach of old ones.
             let base = (reference + 0x2_0000) & !0xFFFF;
@@ -324,5 +334,29 @@ mod tests {
         // Far behind is a restart too, not a flood of late packets.
         assert_eq!(jb.push(p(5), later), Pushed::Restarted);
         assert_eq!(drain(&mut jb, later), vec![(5, 0)]);
+    }
+
+    #[test]
+    fn a_sender_starting_again_a_little_behind_restarts_after_a_run_of_late_packets() {
+        let t = Instant::now();
+        let mut jb = buffer(8);
+        for s in 1_000..1_700 {
+            jb.push(p(s), t);
+        }
+        drain(&mut jb, t);
+        // The same numbers again (a camera looping its clip with the same sequence).
+        let pushed: Vec<Pushed> = (1_000..1_100).map(|s| jb.push(p(s), t)).collect();
+        let late = pushed.iter().take_while(|x| **x == Pushed::Late).count();
+        assert_eq!(late, LATE_RUN_RESTARTS as usize - 1);
+        assert_eq!(pushed[late], Pushed::Restarted);
+        assert!(pushed[late + 1..].iter().all(|x| *x == Pushed::Held));
+        let released = drain(&mut jb, t);
+        assert_eq!(released.first(), Some(&(1_063, 0)));
+        assert_eq!(released.len(), 100 - late);
+        // A few late packets among good ones are only late.
+        jb.push(p(1_100), t);
+        assert_eq!(jb.push(p(1_050), t), Pushed::Late);
+        jb.push(p(1_101), t);
+        assert_eq!(jb.push(p(1_051), t), Pushed::Late);
     }
 }
