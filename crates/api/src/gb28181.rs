@@ -7,7 +7,13 @@ use peregrine_gb28181::manscdp::CatalogItem;
 use peregrine_gb28181::signalling::DeviceSummary;
 use serde_json::{json, Value};
 
+use crate::gauges::write_family;
 use crate::{ApiError, AppState};
+
+/// Registered GB28181 devices by state (`online`, `offline`).
+pub const DEVICES: &str = "peregrine_gb28181_devices";
+/// Channels being played (INVITEd or streaming) over all devices.
+pub const PLAYS: &str = "peregrine_gb28181_plays";
 
 fn gb28181_off() -> ApiError {
     ApiError::Missing(
@@ -60,4 +66,75 @@ fn channel_json(c: &CatalogItem, d: &DeviceSummary) -> Value {
         "online": c.online,
         "url": format!("gb28181://{}/{}", d.id, c.device_id),
     })
+}
+
+/// Appends the GB28181 gauges to a `/metrics` page.
+pub fn write_gauges(out: &mut String, devices: &[DeviceSummary]) {
+    let online = devices.iter().filter(|d| d.online).count();
+    let samples = [
+        ("state=\"online\"".to_string(), online as f64),
+        ("state=\"offline\"".to_string(), (devices.len() - online) as f64),
+    ];
+    write_family(out, DEVICES, Some("Registered GB28181 devices by state"), samples);
+    let plays = devices.iter().map(|d| d.playing.len()).sum::<usize>();
+    let transports = [("udp", false), ("tcp", true)].map(|(name, tcp)| {
+        let n: usize = devices
+            .iter()
+            .filter(|d| d.tcp == tcp)
+            .map(|d| d.playing.len())
+            .sum();
+        (format!("sip_transport=\"{name}\""), n as f64)
+    });
+    debug_assert_eq!(transports.iter().map(|t| t.1 as usize).sum::<usize>(), plays);
+    write_family(
+        out,
+        PLAYS,
+        Some("GB28181 channels being played (invited or streaming), by the device's SIP transport"),
+        transports,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn gauges_count_devices_by_state_and_plays() {
+        let device = |id: &str, online: bool, playing: &[&str]| DeviceSummary {
+            id: id.into(),
+            online,
+            address: "192.168.1.64:5060".parse().unwrap(),
+            tcp: false,
+            user_agent: None,
+            expires_in: Duration::from_secs(3600),
+            last_seen_ago: Duration::ZERO,
+            channels: Vec::new(),
+            playing: playing.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut text = String::new();
+        let devices = [
+            device("a", true, &["c1", "c2"]),
+            device("b", false, &[]),
+            device("c", true, &["c3"]),
+        ];
+        write_gauges(&mut text, &devices);
+        assert!(
+            text.contains("peregrine_gb28181_devices{state=\"online\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("peregrine_gb28181_devices{state=\"offline\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("peregrine_gb28181_plays{sip_transport=\"udp\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("peregrine_gb28181_plays{sip_transport=\"tcp\"} 0\n"),
+            "{text}"
+        );
+    }
 }

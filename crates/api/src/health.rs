@@ -59,6 +59,9 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let gauges: Vec<(&str, &str, VersionGauges)> =
         engines.map(|e| (e.name(), e.version(), e.gauges())).collect();
     write_version_gauges(&mut text, &gauges);
+    if let Some(gb28181) = &state.gb28181 {
+        crate::gb28181::write_gauges(&mut text, &gb28181.devices().await);
+    }
     if let Some(gpu) = state.gpu.clone() {
         // A few driver calls per GPU: off the async workers.
         if let Ok(readings) = tokio::task::spawn_blocking(move || gpu.read()).await {

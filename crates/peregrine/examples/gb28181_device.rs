@@ -43,6 +43,8 @@ async fn main() {
         },
         lockstep: 1,
         rounds: rounds.parse().expect("ROUNDS is a number"),
+        // Sender reports every second, as many cameras send them, on a clock in step.
+        clock_behind: Some(Duration::ZERO),
     };
     let mut states = Vec::new();
     for n in 1..=devices {

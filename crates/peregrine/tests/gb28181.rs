@@ -3,13 +3,15 @@
 //! INVITEs, and push the bikes clip (muxed into PS by GStreamer's mpegpsmux) over RTP.
 //! One server for every phase:
 //! 1. a device over UDP, media over UDP with packets swapped and lost: people and bicycles
-//!    are found; `GET /v1/gb28181/devices` lists it and its channel;
+//!    are found; `GET /v1/gb28181/devices` lists it and its channel; its RTCP sender
+//!    reports (on the port after RTP's) put capture times on its clock, 3 s behind;
 //! 2. its keepalives stop: the server marks it offline and ends the play with a BYE; the
 //!    stream backs off; the device registers again and the stream resumes on its own;
 //! 3. removing the stream sends a BYE;
 //! 4. a device over TCP (SIP and media, the device connecting for one channel and the
 //!    server for the other) with two channels pushed frame by frame together: both streams
-//!    detect, and their capture times agree within 3 ms.
+//!    detect, their capture times agree within 3 ms, and their sender reports (in the
+//!    TCP connections) put those times on the device's clock.
 
 mod common;
 #[path = "gb28181/device.rs"]
@@ -37,6 +39,9 @@ const SERVER_ID: &str = "34020000002000000001";
 const PASSWORD: &str = "gb-secret-1";
 const UDP_DEVICE: &str = "34020000001320000001";
 const TCP_DEVICE: &str = "34020000001320000002";
+/// The devices' clocks run this far behind the real time; their RTCP sender reports say
+/// so, and capture times follow their clocks.
+const DEVICE_CLOCK_BEHIND: Duration = Duration::from_secs(3);
 
 /// Camera channels: the UDP device's one, the TCP device's two.
 const CHANNELS: [&str; 3] = [
@@ -110,7 +115,10 @@ async fn wait_for_classes(
         if event["stream"] != stream {
             continue;
         }
-        assert_eq!(event["clock_source"], "rtp", "{event}");
+        assert!(
+            matches!(event["clock_source"].as_str(), Some("rtp" | "rtcp")),
+            "{event}"
+        );
         for d in event["detections"].as_array().unwrap() {
             found.insert(d["class_name"].as_str().unwrap().to_string());
         }
@@ -162,6 +170,7 @@ fn media(frames: &Arc<Vec<rtp_pusher::PsFrame>>, impairment: Impairment, lockste
         impairment,
         lockstep,
         rounds: 1,
+        clock_behind: Some(DEVICE_CLOCK_BEHIND),
     }
 }
 
@@ -204,6 +213,12 @@ async fn gb28181_devices_register_play_lose_keepalive_resume_and_stay_aligned() 
     assert_eq!(listed["transport"], "udp");
     let url = format!("gb28181://{UDP_DEVICE}/{udp_channel}");
     assert_eq!(listed["channels"][0]["url"], url.as_str());
+    assert_eq!(
+        server
+            .metric("peregrine_gb28181_devices", "state=\"online\"")
+            .await,
+        1.0
+    );
     add_stream(&server, "gb-udp", &url).await;
     wait_for_classes(
         &mut feed,
@@ -216,6 +231,8 @@ async fn gb28181_devices_register_play_lose_keepalive_resume_and_stay_aligned() 
         get(&server, &format!("/v1/gb28181/devices/{UDP_DEVICE}")).await["playing"],
         json!([udp_channel])
     );
+
+    assert_eq!(server.metric("peregrine_gb28181_plays", "udp").await, 1.0);
 
     // 2. Keepalive loss, then the device registers again and the stream resumes.
     keepalive_loss_and_return(&server, &a, &mut feed).await;
@@ -287,6 +304,34 @@ async fn keepalive_loss_and_return(server: &Server, a: &Arc<DeviceState>, feed: 
     wait_for_classes(feed, "gb-udp", &["person"], Duration::from_secs(60)).await;
 }
 
+/// Waits for an event of `stream` stamped by the device's sender reports: on its clock,
+/// 3 s behind this machine's.
+async fn on_the_device_clock(feed: &mut mpsc::Receiver<Value>, stream: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let event = tokio::time::timeout_at(deadline, feed.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{stream}: no event on the device's clock (RTCP) in 20 s"))
+            .unwrap();
+        if event["stream"] != stream || event["clock_source"] != "rtcp" {
+            continue;
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let behind = now_ms - event["capture_unix_ms"].as_i64().unwrap();
+        let latency = event["latency_ms"].as_f64().unwrap() as i64;
+        let expected = DEVICE_CLOCK_BEHIND.as_millis() as i64;
+        // The capture was `latency` before the event; the device's clock adds its 3 s.
+        assert!(
+            (expected - 200..=expected + latency + 1_000).contains(&behind),
+            "{stream}: capture {behind} ms before now, latency {latency} ms: {event}"
+        );
+        return;
+    }
+}
+
 fn tracing_free_print(line: &str) {
     eprintln!("gb28181 test: {line}");
 }
@@ -332,7 +377,7 @@ async fn two_tcp_channels_stay_aligned(
     while feed.try_recv().is_ok() {}
     // Events of both streams for the same picture (same presentation time: both channels
     // start at the clip's first frame) are compared.
-    let mut capture: HashMap<(String, i64), i64> = HashMap::new();
+    let mut capture: HashMap<(String, i64), (i64, String)> = HashMap::new();
     let mut offsets = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while offsets.len() < 8 {
@@ -349,12 +394,19 @@ async fn two_tcp_channels_stay_aligned(
         };
         let pts = event["pts_90k"].as_i64().unwrap();
         let at = event["capture_unix_ms"].as_i64().unwrap();
-        if let Some(there) = capture.get(&(other.to_string(), pts)) {
+        let clock = event["clock_source"].as_str().unwrap().to_string();
+        // The same picture on the other channel, stamped by the same kind of clock.
+        if let Some((there, _)) = capture
+            .get(&(other.to_string(), pts))
+            .filter(|(_, c)| *c == clock)
+        {
             offsets.push(at - there);
         }
-        capture.insert((stream, pts), at);
+        capture.insert((stream, pts), (at, clock));
     }
     let worst = offsets.iter().map(|o| o.abs()).max().unwrap();
+    on_the_device_clock(feed, "gb-tcp-0").await;
+    on_the_device_clock(feed, "gb-tcp-1").await;
     tracing_free_print(&format!(
         "capture-time offsets between two channels (ms): {offsets:?}"
     ));

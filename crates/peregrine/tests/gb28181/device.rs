@@ -5,12 +5,13 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, BytesMut};
 use peregrine_gb28181::framing::{self, Frame};
 use peregrine_gb28181::sdp::MediaTransport;
 use peregrine_gb28181::simulated::{DeviceIdentity, MediaTarget, SimulatedDevice};
+use peregrine_video::rtp::rtcp::{encode_sender_report, SenderReport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::mpsc;
@@ -47,6 +48,9 @@ pub struct Media {
     /// Times the clip is pushed, one after the other (the camera restarting its clip
     /// each time, as a looping file camera does).
     pub rounds: u32,
+    /// Send RTCP sender reports every second, from a device clock this far behind the
+    /// real time (`None`: no RTCP, as many cameras).
+    pub clock_behind: Option<Duration>,
 }
 
 enum SipLink {
@@ -187,10 +191,6 @@ fn next_round(packet: &[u8], round: u32, packets: usize, frames: u32) -> Vec<u8>
 /// Pushes the clip `rounds` times to every target, frame by frame together, while the
 /// targets' plays last.
 async fn push(targets: Vec<MediaTarget>, media: Media, state: Arc<DeviceState>, listener: Arc<TcpListener>) {
-    enum Out {
-        Udp(UdpSocket, SocketAddr),
-        Tcp(TcpStream),
-    }
     let mut outs = Vec::new();
     for target in &targets {
         state.pushing.lock().unwrap().push(target.call_id.clone());
@@ -219,6 +219,7 @@ async fn push(targets: Vec<MediaTarget>, media: Media, state: Arc<DeviceState>, 
         ));
     }
     let playing = |call_id: &str| state.pushing.lock().unwrap().iter().any(|c| c == call_id);
+    let mut next_report = 0;
     let started = tokio::time::Instant::now();
     let count = outs[0].1.len();
     let per_round = media.frames.len() as u32;
@@ -233,17 +234,51 @@ async fn push(targets: Vec<MediaTarget>, media: Media, state: Arc<DeviceState>, 
                 continue;
             };
             let packet = &next_round(packet, round, packets.len(), per_round);
-            match out {
-                Out::Udp(socket, to) => {
-                    let _ = socket.send_to(packet, *to).await;
-                }
-                Out::Tcp(stream) => {
-                    let len = (packet.len() as u16).to_be_bytes();
-                    if stream.write_all(&len).await.is_err() || stream.write_all(packet).await.is_err() {
-                        return;
-                    }
-                }
+            if let Some(behind) = media.clock_behind.filter(|_| frame >= next_report) {
+                let report = sender_report(packet, behind);
+                send(out, &report, true).await;
             }
+            if !send(out, packet, false).await {
+                return;
+            }
+        }
+        if frame >= next_report {
+            next_report = frame + 25;
+        }
+    }
+}
+
+/// A sender report for the frame `packet` starts: its RTP timestamp is now, on a clock
+/// `behind` the real one.
+fn sender_report(packet: &[u8], behind: Duration) -> Vec<u8> {
+    let ssrc = u32::from_be_bytes([packet[8], packet[9], packet[10], packet[11]]);
+    encode_sender_report(
+        &SenderReport {
+            ssrc,
+            wall: SystemTime::now() - behind,
+            rtp_timestamp: u32::from_be_bytes([packet[4], packet[5], packet[6], packet[7]]),
+        },
+        0,
+        0,
+    )
+}
+
+enum Out {
+    Udp(UdpSocket, SocketAddr),
+    Tcp(TcpStream),
+}
+
+/// Sends one packet (RTCP over UDP to the port after RTP's); false once a TCP peer is gone.
+async fn send(out: &mut Out, packet: &[u8], rtcp: bool) -> bool {
+    match out {
+        Out::Udp(socket, to) => {
+            let to = SocketAddr::new(to.ip(), to.port() + u16::from(rtcp));
+            let _ = socket.send_to(packet, to).await;
+            true
+        }
+        Out::Tcp(stream) => {
+            let len = (packet.len() as u16).to_be_bytes();
+            stream.write_all(&len).await.is_ok() && stream.write_all(packet).await.is_ok()
         }
     }
 }

@@ -1,7 +1,8 @@
 //! GB28181 channels as streams: `gb28181://<device id>/<channel id>`. Opening one binds a
 //! media port (UDP, or TCP for the device to connect to), asks the server's GB28181
 //! signalling to INVITE the channel to push there, and reads the pushed RTP/PS like any
-//! `rtp://` stream. Dropping the source hangs up (BYE); the device's own BYE or its going
+//! `rtp://` stream (over UDP, the RTCP port next to it is read too, for the device's
+//! sender reports). Dropping the source hangs up (BYE); the device's own BYE or its going
 //! offline ends the source, and the supervisor reconnects with a fresh INVITE after its
 //! backoff. The signalling sits behind [`LivePlay`], so this crate knows no SIP.
 
@@ -157,7 +158,13 @@ impl Gb28181Opener {
             let bound = match self.channel.transport {
                 LiveTransport::TcpActive => return Ok((None, first)),
                 LiveTransport::TcpPassive => TcpListener::bind(address).await.map(Input::Listening),
-                LiveTransport::Udp => bind_udp(address).map(Input::udp),
+                // RTP on an even port, RTCP (sender reports) on the next one up, where
+                // RFC 3550 has the device send it; both must be free.
+                LiveTransport::Udp if port % 2 == 1 || port == u16::MAX => continue,
+                LiveTransport::Udp => bind_udp(address).and_then(|rtp| {
+                    let rtcp = bind_udp(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port + 1)))?;
+                    Ok(Input::udp_with_rtcp(rtp, rtcp))
+                }),
             };
             if let Ok(input) = bound {
                 return Ok((Some(input), port));

@@ -36,6 +36,11 @@ pub fn rtp_packets(data: &[u8]) {
     let mut released = 0u64;
     for (i, frame) in frames(data).enumerate() {
         let now = start + Duration::from_millis(i as u64 * 3);
+        if super::rtcp::is_rtcp(frame) {
+            // A sender report is read whole or not at all; what it says is any value.
+            let _ = super::rtcp::sender_report(frame);
+            continue;
+        }
         let Ok(packet) = RtpPacket::parse(Bytes::copy_from_slice(frame)) else {
             continue;
         };

@@ -2,8 +2,9 @@
 //! or over TCP with RFC 4571 framing, the camera connecting to us (passive) or we to it
 //! (active). The pure pieces each have their module and fuzz target: [`packet`] (RTP
 //! headers), [`jitter`] (the reordering buffer), [`ps`] (the program stream demuxer),
-//! [`depacketize`] (RFC 6184 / RFC 7798), [`nal`] (Annex B) and [`timeline`] (timestamps
-//! to presentation and capture times); [`endpoint`] reads the stream URL. This module
+//! [`depacketize`] (RFC 6184 / RFC 7798), [`nal`] (Annex B), [`timeline`] (timestamps
+//! to presentation and capture times) and [`rtcp`] (sender reports, which put capture times
+//! on the camera's own clock); [`endpoint`] reads the stream URL. This module
 //! is the source around them: it receives packets, keeps to one SSRC, and turns what
 //! comes out in order into access units for the decoder.
 
@@ -14,6 +15,7 @@ pub mod jitter;
 pub mod nal;
 pub mod packet;
 pub mod ps;
+pub mod rtcp;
 pub mod timeline;
 
 use std::collections::VecDeque;
@@ -35,6 +37,7 @@ use endpoint::{RtpEndpoint, RtpFormat, RtpTransport};
 use jitter::{JitterBuffer, JitterConfig, Released};
 use packet::RtpPacket;
 use ps::PsDemuxer;
+use rtcp::SenderReport;
 use timeline::RtpTimeline;
 
 /// Packets from another SSRC in a row that make the source start again with that sender
@@ -200,7 +203,13 @@ fn parameters(codec: Codec, threads: usize) -> StreamParameters {
 }
 
 pub(crate) enum Input {
-    Udp(UdpSocket, Vec<u8>),
+    /// The RTP socket, and where the camera sends RTCP when it uses the next port up.
+    Udp {
+        rtp: UdpSocket,
+        rtcp: Option<UdpSocket>,
+        buf: Vec<u8>,
+        rtcp_buf: Vec<u8>,
+    },
     /// Passive TCP before the sender connected.
     Listening(TcpListener),
     /// A TCP connection and what has been read of it but not yet framed.
@@ -209,7 +218,22 @@ pub(crate) enum Input {
 
 impl Input {
     pub(crate) fn udp(socket: UdpSocket) -> Self {
-        Input::Udp(socket, vec![0; MAX_DATAGRAM])
+        Input::Udp {
+            rtp: socket,
+            rtcp: None,
+            buf: vec![0; MAX_DATAGRAM],
+            rtcp_buf: Vec::new(),
+        }
+    }
+
+    /// UDP with RTCP received on a port of its own as well.
+    pub(crate) fn udp_with_rtcp(rtp: UdpSocket, rtcp: UdpSocket) -> Self {
+        Input::Udp {
+            rtp,
+            rtcp: Some(rtcp),
+            buf: vec![0; MAX_DATAGRAM],
+            rtcp_buf: vec![0; 2048],
+        }
     }
 
     pub(crate) fn tcp(stream: TcpStream) -> Self {
@@ -223,9 +247,23 @@ impl Input {
     async fn receive(&mut self) -> std::io::Result<Option<Bytes>> {
         loop {
             match self {
-                Input::Udp(socket, buf) => {
-                    let (n, _) = socket.recv_from(buf).await?;
+                Input::Udp {
+                    rtp, rtcp: None, buf, ..
+                } => {
+                    let (n, _) = rtp.recv_from(buf).await?;
                     return Ok(Some(Bytes::copy_from_slice(&buf[..n])));
+                }
+                Input::Udp {
+                    rtp,
+                    rtcp: Some(rtcp),
+                    buf,
+                    rtcp_buf,
+                } => {
+                    // Both receives are cancel-safe: the one not chosen loses nothing.
+                    return tokio::select! {
+                        r = rtp.recv_from(buf) => Ok(Some(Bytes::copy_from_slice(&buf[..r?.0]))),
+                        r = rtcp.recv_from(rtcp_buf) => Ok(Some(Bytes::copy_from_slice(&rtcp_buf[..r?.0]))),
+                    };
                 }
                 Input::Listening(listener) => {
                     let (stream, peer) = listener.accept().await?;
@@ -268,6 +306,11 @@ pub(crate) struct RtpSource {
     jitter: JitterBuffer,
     payload: Payload,
     timeline: RtpTimeline,
+    /// The camera's last RTCP sender report: capture times go on its clock from then.
+    sender_report: Option<SenderReport>,
+    /// PS only: the RTP timestamp minus the PES timestamp of the same frame (cameras
+    /// usually make them equal, but need not), learned at frames that end on a marker.
+    pes_to_rtp: Option<u32>,
     /// What the decoder was opened with (none until a PS stream names its codec).
     parameters: Option<StreamParameters>,
     announced: Option<StreamParameters>,
@@ -307,6 +350,8 @@ impl RtpSource {
             jitter: JitterBuffer::new(jitter),
             payload,
             timeline: RtpTimeline::new(timestamp_bits),
+            sender_report: None,
+            pes_to_rtp: None,
             announced: parameters.clone(),
             parameters,
             decode_threads,
@@ -405,6 +450,15 @@ impl RtpSource {
     }
 
     fn on_datagram(&mut self, data: Bytes) -> Result<(), SourceError> {
+        if rtcp::is_rtcp(&data) {
+            // Only the followed sender's reports (a stray sender's would move its clock).
+            if let Some(report) = rtcp::sender_report(&data) {
+                if self.ssrc.is_none_or(|s| s == report.ssrc) {
+                    self.sender_report = Some(report);
+                }
+            }
+            return Ok(());
+        }
         let Ok(packet) = RtpPacket::parse(data) else {
             // Not RTP (a stray datagram, or RTCP on the same port): ignored.
             return Ok(());
@@ -442,10 +496,13 @@ impl RtpSource {
                     demuxer.lost();
                 }
                 demuxer.push(&packet.payload, &mut units);
+                // Units completed by the next PES's start belong to an earlier packet;
+                // those completed by this packet's marker are its own frame.
+                let own_from = units.len();
                 if packet.marker {
                     demuxer.end_of_frame(&mut units);
                 }
-                for au in units {
+                for (i, au) in units.into_iter().enumerate() {
                     let Some(codec) = au.codec else {
                         // Nothing names the codec yet (no PSM, no parameter sets): nothing
                         // could decode it either.
@@ -453,8 +510,16 @@ impl RtpSource {
                     };
                     // The PES's PTS; the packet's RTP timestamp (the same clock) without one.
                     let timestamp = au.pts_90k.unwrap_or(u64::from(packet.timestamp));
+                    let rtp_timestamp = match au.pts_90k {
+                        None => Some(packet.timestamp),
+                        Some(pts) if i >= own_from => {
+                            self.pes_to_rtp = Some(packet.timestamp.wrapping_sub(pts as u32));
+                            Some(packet.timestamp)
+                        }
+                        Some(pts) => self.pes_to_rtp.map(|o| (pts as u32).wrapping_add(o)),
+                    };
                     let is_key = nal::access_unit_is_key(codec, &au.data);
-                    self.emit(codec, au.data, timestamp, is_key);
+                    self.emit(codec, au.data, (timestamp, rtp_timestamp), is_key);
                 }
             }
             Payload::Nal(depacketizer) => {
@@ -465,15 +530,24 @@ impl RtpSource {
                     None => return,
                 };
                 for au in units {
-                    self.emit(codec, au.data, u64::from(au.timestamp), au.is_key);
+                    let timestamp = (u64::from(au.timestamp), Some(au.timestamp));
+                    self.emit(codec, au.data, timestamp, au.is_key);
                 }
             }
         }
     }
 
-    fn emit(&mut self, codec: Codec, data: Bytes, timestamp: u64, is_key: bool) {
+    /// `timestamp`: the unit's timestamp for the timeline (PES or RTP) and its RTP
+    /// timestamp when known, which a sender report maps to the camera's clock.
+    fn emit(&mut self, codec: Codec, data: Bytes, timestamp: (u64, Option<u32>), is_key: bool) {
         let received_wall = self.clock.now();
-        let (pts_90k, capture) = self.timeline.stamp(timestamp, Instant::now(), received_wall);
+        let (pts_90k, mut capture) = self.timeline.stamp(timestamp.0, Instant::now(), received_wall);
+        if let (Some(report), Some(rtp)) = (self.sender_report, timestamp.1) {
+            // Signed: a unit may come a little before the report's instant.
+            let ticks = i64::from(rtp.wrapping_sub(report.rtp_timestamp) as i32);
+            capture.wall = timeline::shift(report.wall, ticks);
+            capture.source = crate::frame::ClockSource::RtcpSenderReport;
+        }
         // The decoder is opened (again) when the codec is first known or changes.
         let new_parameters = match &self.announced {
             Some(p) if p.decoder.codec == codec => None,

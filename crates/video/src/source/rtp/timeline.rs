@@ -98,7 +98,7 @@ fn ticks_between(from: SystemTime, to: SystemTime) -> i64 {
 }
 
 /// `wall` moved by `ticks` of the 90 kHz clock (either way).
-fn shift(wall: SystemTime, ticks: i64) -> SystemTime {
+pub(crate) fn shift(wall: SystemTime, ticks: i64) -> SystemTime {
     let nanos = u128::from(ticks.unsigned_abs()) * 100_000 / 9;
     let d = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
     let moved = if ticks >= 0 {
