@@ -146,12 +146,7 @@ async fn add_stream(server: &Server, name: &str, url: &str) {
         "frame_timeout_ms": 3000,
         "backoff": { "first_retry_ms": 200, "initial_ms": 300, "max_ms": 1000 },
     });
-    let r = reqwest::Client::new()
-        .post(server.url("/v1/streams"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = server.post_json("/v1/streams", &body).await;
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
 }
 
@@ -259,12 +254,7 @@ async fn gb28181_devices_register_play_lose_keepalive_resume_and_stay_aligned() 
         .unwrap();
     assert_eq!(r.status(), 404);
     let body = json!({ "name": "bad", "url": "gb28181://3402/1" });
-    let r = reqwest::Client::new()
-        .post(server.url("/v1/streams"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = server.post_json("/v1/streams", &body).await;
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("is not 20 digits"));
 }

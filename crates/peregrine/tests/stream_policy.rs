@@ -52,12 +52,7 @@ async fn fixture() -> &'static Fixture {
 }
 
 async fn add(server: &Server, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(server.url("/v1/streams"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = server.post_json("/v1/streams", &body).await;
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }

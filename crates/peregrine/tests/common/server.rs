@@ -121,6 +121,16 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
+    /// POSTs `body` as JSON to `path`.
+    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn wait_ready(&self) {
         let client = reqwest::Client::new();
         let start = Instant::now();
