@@ -76,7 +76,6 @@ pub fn write_gauges(out: &mut String, devices: &[DeviceSummary]) {
         ("state=\"offline\"".to_string(), (devices.len() - online) as f64),
     ];
     write_family(out, DEVICES, Some("Registered GB28181 devices by state"), samples);
-    let plays = devices.iter().map(|d| d.playing.len()).sum::<usize>();
     let transports = [("udp", false), ("tcp", true)].map(|(name, tcp)| {
         let n: usize = devices
             .iter()
@@ -85,7 +84,6 @@ pub fn write_gauges(out: &mut String, devices: &[DeviceSummary]) {
             .sum();
         (format!("sip_transport=\"{name}\""), n as f64)
     });
-    debug_assert_eq!(transports.iter().map(|t| t.1 as usize).sum::<usize>(), plays);
     write_family(
         out,
         PLAYS,

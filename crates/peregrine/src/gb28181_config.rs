@@ -192,9 +192,8 @@ impl Gb28181Settings {
         Ok(first..=last)
     }
 
-    /// Starts the SIP server when `listen` is set; the bridge streams use, and the handle
-    /// the API lists devices with.
-    pub async fn start(&self) -> Result<Option<(Gb28181, std::sync::Arc<dyn LivePlay>)>> {
+    /// Starts the SIP server when `listen` is set.
+    pub async fn start(&self) -> Result<Option<Gb28181Running>> {
         let Some(listen) = self.listen else {
             return Ok(None);
         };
@@ -230,8 +229,18 @@ impl Gb28181Settings {
             service: service.clone(),
             media_ports: self.media_port_range()?,
         };
-        Ok(Some((service, std::sync::Arc::new(bridge))))
+        Ok(Some(Gb28181Running {
+            live_play: std::sync::Arc::new(bridge),
+            service,
+        }))
     }
+}
+
+/// The running SIP server: the handle the API lists devices with, and the bridge streams
+/// play channels through.
+pub struct Gb28181Running {
+    pub service: Gb28181,
+    pub live_play: std::sync::Arc<dyn LivePlay>,
 }
 
 /// Streams' live plays through the SIP server.

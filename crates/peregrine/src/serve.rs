@@ -123,7 +123,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         &s,
         &registry,
         events.clone(),
-        gb28181.as_ref().map(|g| g.1.clone()),
+        gb28181.as_ref().map(|g| g.live_play.clone()),
     )
     .await?;
     let drain = Arc::new(Drain::default());
@@ -143,7 +143,7 @@ async fn serve(s: ServeSettings) -> Result<ExitCode> {
         access,
         gpu: gpu_telemetry(),
         profiler: s.profiling.profiler(),
-        gb28181: gb28181.map(|g| g.0),
+        gb28181: gb28181.map(|g| g.service),
     };
     let tls = s.tls.start()?;
     let (listener, grpc_listener) = listen(&s, tls.is_some()).await?;

@@ -50,7 +50,8 @@ pub struct StreamConfig {
     /// `rtp://0.0.0.0:PORT?format=ps` (UDP) or `rtp+tcp://0.0.0.0:PORT?format=ps`
     /// (TCP, the camera connects; `&mode=active`: we connect to the URL's host), `format`
     /// one of `ps`, `h264`, `h265`; a GB28181 device's channel as
-    /// `gb28181://DEVICE_ID/CHANNEL_ID[?transport=tcp]` (the server INVITEs it); or an mp4
+    /// `gb28181://DEVICE_ID/CHANNEL_ID[?transport=udp|tcp|tcp-active]` (the server INVITEs
+    /// it); or an mp4
     /// file as `file:///path` or a path.
     pub url: String,
     /// RTP transport for RTSP streams.
@@ -310,8 +311,7 @@ impl StreamConfig {
 
     /// The source this definition names, as `policy` allows it: an RTSP camera checked
     /// again before every connection, a file opened by its canonical path, a GB28181
-    /// channel through `live` (checked present by [`StreamConfig::needs_gb28181`]'s caller).
-    /// `clock` stamps what it reads where the source has no clock of its own (files, RTP).
+    /// channel through `live` (refused when the server has none). `clock` stamps what it reads where the source has no clock of its own (files, RTP).
     pub(crate) fn opener(
         &self,
         source: SourceUrl,
@@ -332,7 +332,8 @@ impl StreamConfig {
             }
             SourceUrl::Gb28181(channel) => {
                 let live = live.ok_or(UrlRefusal::Gb28181Off)?;
-                let opener = Gb28181Opener::new(channel, live.clone(), self.decode_threads, clock.clone());
+                let opener = Gb28181Opener::new(channel, live.clone(), self.decode_threads, clock.clone())
+                    .guarded_by(policy.clone());
                 return Ok(Arc::new(opener));
             }
             SourceUrl::File(path) => policy.file_path(&path)?,

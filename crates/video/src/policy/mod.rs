@@ -278,6 +278,13 @@ impl UrlPolicy {
         self.judge(host.to_string(), &addresses)
     }
 
+    /// Judges an address the server is told to connect to by a peer rather than by a URL
+    /// (a GB28181 device's answer naming its media port): the address rules only, as for
+    /// an RTSP camera's address.
+    pub(crate) fn peer_address(&self, ip: IpAddr) -> Result<(), UrlRefusal> {
+        self.literal(ip.to_string(), ip).map(|_| ())
+    }
+
     fn literal(&self, host: String, ip: IpAddr) -> Result<IpAddr, UrlRefusal> {
         self.judge(host, &[ip])
     }

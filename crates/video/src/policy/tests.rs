@@ -317,3 +317,22 @@ async fn pushed_rtp_must_be_allowed_and_an_active_sender_is_judged() {
         .unwrap_err();
     assert!(refusal.to_string().contains("loopback"), "{refusal}");
 }
+
+#[test]
+fn an_address_a_device_names_is_judged_like_a_cameras_host() {
+    let default = policy_with(StreamPolicy::default(), &[]);
+    assert!(default.peer_address("192.168.1.64".parse().unwrap()).is_ok());
+    for refused in ["127.0.0.1", "169.254.169.254", "0.0.0.0", "::1"] {
+        let refusal = default.peer_address(refused.parse().unwrap()).unwrap_err();
+        assert!(
+            matches!(refusal, UrlRefusal::Address { .. }),
+            "{refused}: {refusal}"
+        );
+    }
+    let loopback_allowed = StreamPolicy {
+        allow_hosts: vec!["127.0.0.1".into()],
+        ..StreamPolicy::default()
+    };
+    let allowing = policy_with(loopback_allowed, &[]);
+    assert!(allowing.peer_address("127.0.0.1".parse().unwrap()).is_ok());
+}

@@ -20,6 +20,7 @@ use super::rtp::endpoint::RtpFormat;
 use super::rtp::jitter::JitterConfig;
 use super::rtp::{bind_udp, Input, RtpSource};
 use super::{Opener, Source, SourceError};
+use crate::policy::UrlPolicy;
 
 /// A channel's live play as the signalling grants it.
 pub struct LivePlayGrant {
@@ -117,6 +118,8 @@ pub struct Gb28181Opener {
     /// Where the next search for a free media port starts, so that ports a device may
     /// still be sending to are not reused at once.
     next_port: Arc<AtomicUsize>,
+    /// Judges the address a device's answer makes the server connect to (TCP active).
+    policy: Option<Arc<UrlPolicy>>,
 }
 
 impl Gb28181Opener {
@@ -133,7 +136,13 @@ impl Gb28181Opener {
             decode_threads,
             clock,
             next_port: Arc::new(AtomicUsize::new(start)),
+            policy: None,
         }
+    }
+
+    pub fn guarded_by(mut self, policy: Arc<UrlPolicy>) -> Self {
+        self.policy = Some(policy);
+        self
     }
 
     fn connect_error(&self, reason: impl ToString) -> SourceError {
@@ -151,17 +160,21 @@ impl Gb28181Opener {
         if count == 0 {
             return Err(self.connect_error("the GB28181 media port range is empty"));
         }
+        let udp = match self.channel.transport {
+            LiveTransport::TcpActive => return Ok((None, first)),
+            LiveTransport::TcpPassive => false,
+            LiveTransport::Udp => true,
+        };
         let offset = self.next_port.fetch_add(1, Ordering::Relaxed);
         for i in 0..count {
             let port = first + ((offset + i) % count) as u16;
             let address = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
-            let bound = match self.channel.transport {
-                LiveTransport::TcpActive => return Ok((None, first)),
-                LiveTransport::TcpPassive => TcpListener::bind(address).await.map(Input::Listening),
+            let bound = match udp {
+                false => TcpListener::bind(address).await.map(Input::Listening),
                 // RTP on an even port, RTCP (sender reports) on the next one up, where
                 // RFC 3550 has the device send it; both must be free.
-                LiveTransport::Udp if port % 2 == 1 || port == u16::MAX => continue,
-                LiveTransport::Udp => bind_udp(address).and_then(|rtp| {
+                true if port % 2 == 1 || port == u16::MAX => continue,
+                true => bind_udp(address).and_then(|rtp| {
                     let rtcp = bind_udp(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port + 1)))?;
                     Ok(Input::udp_with_rtcp(rtp, rtcp))
                 }),
@@ -172,17 +185,20 @@ impl Gb28181Opener {
         }
         Err(self.connect_error(format!("no free media port in {}-{}", ports.start(), ports.end())))
     }
-}
 
-impl Gb28181Opener {
-    /// TCP active: connects to the port the device answered with. The address is the
-    /// device's own (where its SIP came from, in its answer), not one a request named.
+    /// TCP active: connects to the port the device answered with. The device chose the
+    /// address, so it is judged by the policy's address rules like a camera's host.
     async fn connect_to_device(&self, device: Option<SocketAddr>) -> Result<Input, SourceError> {
         let address = device
             .filter(|a| a.port() != 0 && !a.ip().is_unspecified())
             .ok_or_else(|| {
                 self.connect_error("the device's answer names no address and port to connect to")
             })?;
+        if let Some(policy) = &self.policy {
+            policy
+                .peer_address(address.ip())
+                .map_err(|r| self.connect_error(format!("the device's media address refused: {r}")))?;
+        }
         let stream = TcpStream::connect(address).await.map_err(|e| {
             self.connect_error(format!(
                 "cannot connect to the device's media port {address}: {e}"

@@ -460,11 +460,10 @@ impl RtpSource {
             return Ok(());
         }
         let Ok(packet) = RtpPacket::parse(data) else {
-            // Not RTP (a stray datagram, or RTCP on the same port): ignored.
+            // Not RTP (a stray datagram): ignored.
             return Ok(());
         };
-        // Dynamic payload types only (GB28181: 96 PS, 98 H.264...); RTCP multiplexed on
-        // the port reads as types 72-76.
+        // Dynamic payload types only (GB28181: 96 PS, 98 H.264...).
         if packet.payload_type < 96 {
             return Ok(());
         }
