@@ -58,5 +58,13 @@ if [ ! -x /usr/bin/chromium ]; then
         chromium >/dev/null
 fi
 
+if ! command -v hey >/dev/null 2>&1; then
+    # The load generator of the overload benchmarks (scripts/overload-defaults.sh).
+    echo "setup-test: installing hey (for the overload benchmarks)" >&2
+    sudo_if_needed apt-get update -qq
+    sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        hey >/dev/null
+fi
+
 ./scripts/fetch-perf-analyzer.sh .cache/perf-analyzer >/dev/null
 ./scripts/setup-video-peers.sh

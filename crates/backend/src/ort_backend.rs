@@ -160,6 +160,14 @@ impl OrtBackend {
                 .with_intra_threads(config.intra_threads)
                 .map_err(load_err)?;
         }
+        if config.provider == ExecutionProvider::Cpu {
+            // The memory pattern plans one block per input shape and keeps every plan's
+            // block in the CPU arena; a session that runs batches of 1 to 4 then holds four
+            // of them. Off, yolo11n at batches of 1-4 settles at 243 MiB instead of 359 MiB,
+            // at the same speed (docs/benchmarks.md, issue 22). GPU sessions run one shape
+            // each, so their pattern is one block and stays.
+            builder = builder.with_memory_pattern(false).map_err(load_err)?;
+        }
         if let Some(prefix) = &config.profile {
             builder = builder.with_profiling(prefix).map_err(load_err)?;
         }
