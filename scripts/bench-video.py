@@ -19,6 +19,7 @@ Standard library only, so it runs wherever the binary does.
 import argparse
 import json
 import math
+import os
 import re
 import time
 import urllib.request
@@ -75,6 +76,16 @@ def quantile(before, after, q):
     return prev_le
 
 
+def save_profile(base, directory, n, seconds):
+    """Records the server's CPU for `seconds` as a flame graph, then saves its metrics."""
+    os.makedirs(directory, exist_ok=True)
+    url = f"{base}/debug/pprof/profile?seconds={max(1, round(seconds))}&format=svg"
+    with open(os.path.join(directory, f"profile-{n}.svg"), "wb") as f:
+        f.write(urllib.request.urlopen(url, timeout=seconds + 60).read())
+    with open(os.path.join(directory, f"metrics-{n}.txt"), "wb") as f:
+        f.write(urllib.request.urlopen(base + "/metrics", timeout=10).read())
+
+
 def post(base, body):
     req = urllib.request.Request(base + "/v1/streams", data=json.dumps(body).encode(), method="POST",
                                  headers={"content-type": "application/json"})
@@ -93,6 +104,9 @@ def main():
                     help="streams without analytics (no tracker, zones or events), to price them")
     ap.add_argument("--decoder", choices=["auto", "cpu", "nvdec"],
                     help="each stream's decoder (default: the server's --video-decoder)")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="save each count's /metrics and a CPU flame graph of its measured window in DIR "
+                         "(give the server --profiling true)")
     ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
     target = a.fps if a.fps > 0 else CLIP_FPS
@@ -117,7 +131,10 @@ def main():
             time.sleep(a.settle)
             c0, b0 = metrics(base)
             cpu0 = cpu_seconds(proc.pid)
-            time.sleep(a.seconds)
+            if a.profile:
+                save_profile(base, a.profile, n, a.seconds)
+            else:
+                time.sleep(a.seconds)
             c1, b1 = metrics(base)
             cores = (cpu_seconds(proc.pid) - cpu0) / a.seconds
             on_nvdec = sum(1 for (n, _, d), v in c1.items() if n == "peregrine_stream_decoder" and d == "nvdec" and v == 1)

@@ -62,8 +62,10 @@ if [[ " $steps " == *" decode "* ]]; then
 fi
 
 if [[ " $steps " == *" serve "* ]]; then
-    flags=(--provider cuda --threads 1 --prefer-nhwc --instances 4 --max-batch 32
-        --padded-batch-sizes 1,4,16,32 --session-per-batch-size true --max-queue-delay-us 2000)
+    # Fine padded sizes: with 1,4,16,32 most batches were padded a long way and the total
+    # was 10% lower (docs/benchmarks.md, "Where the 2,000 frames/s cap sits").
+    flags=(--provider cuda --threads 1 --prefer-nhwc --instances 8 --max-batch 16
+        --padded-batch-sizes 1,2,4,8,12,16 --session-per-batch-size true --max-queue-delay-us 4000)
     for decoder in cpu auto; do
         var="SERVE_STREAMS_$([ $decoder = cpu ] && echo CPU || echo NVDEC)"
         counts="${!var:-$([ $decoder = cpu ] && echo 20,30,40 || echo 50,75,100)}"
