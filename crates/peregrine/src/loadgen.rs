@@ -95,6 +95,19 @@ pub struct LatencyMs {
     pub mean: f64,
 }
 
+impl LatencyMs {
+    fn of(h: &Histogram<u64>) -> Self {
+        let ms = |micros: u64| micros as f64 / 1e3;
+        Self {
+            p50: ms(h.value_at_quantile(0.50)),
+            p90: ms(h.value_at_quantile(0.90)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+            mean: h.mean() / 1e3,
+        }
+    }
+}
+
 /// Medians and 99th percentiles of the server's own timing headers, in ms.
 #[derive(Debug, Serialize)]
 pub struct ServerTimesMs {
@@ -127,6 +140,9 @@ pub struct BenchReport {
     pub offered_rps: Option<f64>,
     /// Latency of successful requests.
     pub latency_ms: LatencyMs,
+    /// Latency of refusals (429 and 503), which a server should answer at once; absent
+    /// when there were none.
+    pub refused_ms: Option<LatencyMs>,
     pub server_ms: ServerTimesMs,
     pub errors: BTreeMap<String, u64>,
 }
@@ -162,6 +178,7 @@ struct ServerHistograms([Histogram<u64>; 5]);
 
 struct Collector {
     latencies: Mutex<Histogram<u64>>,
+    refusals: Mutex<Histogram<u64>>,
     server: Mutex<ServerHistograms>,
     errors: Mutex<BTreeMap<String, u64>>,
     sent: AtomicU64,
@@ -169,12 +186,41 @@ struct Collector {
     failed: AtomicU64,
 }
 
+/// Whether an error kind of [`Target::send`] is the server refusing (429 or 503).
+fn is_refusal(kind: &str) -> bool {
+    kind == "http_429" || kind == "http_503"
+}
+
+fn micros(latency: Duration) -> u64 {
+    u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
 impl Collector {
-    fn record(&self, outcome: Result<(Duration, ServerTimes), String>) {
+    fn new() -> Result<Self> {
+        let histogram = || Histogram::new_with_bounds(1, 3_600_000_000, 3);
+        Ok(Self {
+            latencies: Mutex::new(histogram()?),
+            refusals: Mutex::new(histogram()?),
+            server: Mutex::new(ServerHistograms([
+                histogram()?,
+                histogram()?,
+                histogram()?,
+                histogram()?,
+                histogram()?,
+            ])),
+            errors: Mutex::new(BTreeMap::new()),
+            sent: AtomicU64::new(0),
+            ok: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        })
+    }
+
+    /// One request's outcome, `latency` after it was due to start.
+    fn record(&self, latency: Duration, outcome: Result<ServerTimes, String>) {
         match outcome {
-            Ok((latency, t)) => {
+            Ok(t) => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
-                let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1);
+                let micros = micros(latency);
                 self.latencies
                     .lock()
                     .expect("histogram lock")
@@ -191,6 +237,12 @@ impl Collector {
             }
             Err(kind) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
+                if is_refusal(&kind) {
+                    self.refusals
+                        .lock()
+                        .expect("histogram lock")
+                        .saturating_record(micros(latency));
+                }
                 *self.errors.lock().expect("errors lock").entry(kind).or_default() += 1;
             }
         }
@@ -329,21 +381,7 @@ async fn generate(
     rate: Option<f64>,
     duration: f64,
 ) -> Result<BenchReport> {
-    let histogram = || Histogram::new_with_bounds(1, 3_600_000_000, 3);
-    let collector = Arc::new(Collector {
-        latencies: Mutex::new(histogram()?),
-        server: Mutex::new(ServerHistograms([
-            histogram()?,
-            histogram()?,
-            histogram()?,
-            histogram()?,
-            histogram()?,
-        ])),
-        errors: Mutex::new(BTreeMap::new()),
-        sent: AtomicU64::new(0),
-        ok: AtomicU64::new(0),
-        failed: AtomicU64::new(0),
-    });
+    let collector = Arc::new(Collector::new()?);
     let started_unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -370,6 +408,7 @@ async fn generate(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let h = collector.latencies.lock().expect("histogram lock").clone();
+    let refused = collector.refusals.lock().expect("histogram lock").clone();
     let ms = |micros: u64| micros as f64 / 1e3;
     let successes = collector.ok.load(Ordering::Relaxed);
     let errors = collector.errors.lock().expect("errors lock").clone();
@@ -397,13 +436,8 @@ async fn generate(
         successes,
         throughput_rps: successes as f64 / elapsed,
         offered_rps,
-        latency_ms: LatencyMs {
-            p50: ms(h.value_at_quantile(0.50)),
-            p90: ms(h.value_at_quantile(0.90)),
-            p99: ms(h.value_at_quantile(0.99)),
-            max: ms(h.max()),
-            mean: h.mean() / 1e3,
-        },
+        latency_ms: LatencyMs::of(&h),
+        refused_ms: (!refused.is_empty()).then(|| LatencyMs::of(&refused)),
         server_ms,
         errors,
     })
@@ -440,7 +474,7 @@ async fn open_loop(
         k += 1;
         collector.sent.fetch_add(1, Ordering::Relaxed);
         if outstanding.load(Ordering::Relaxed) >= max_outstanding {
-            collector.record(Err("generator_overflow".into()));
+            collector.record(Duration::ZERO, Err("generator_overflow".into()));
             continue;
         }
         outstanding.fetch_add(1, Ordering::Relaxed);
@@ -449,8 +483,8 @@ async fn open_loop(
         dispatched = Some((first, now, n + 1));
         let (target, collector, outstanding) = (target.clone(), collector.clone(), outstanding.clone());
         tasks.push(tokio::spawn(async move {
-            let outcome = target.send().await.map(|t| (scheduled.elapsed(), t));
-            collector.record(outcome);
+            let outcome = target.send().await;
+            collector.record(scheduled.elapsed(), outcome);
             outstanding.fetch_sub(1, Ordering::Relaxed);
         }));
     }
@@ -478,12 +512,12 @@ async fn closed_loop(
                 while Instant::now() < stop_at && sent.fetch_add(1, Ordering::Relaxed) < limit {
                     collector.sent.fetch_add(1, Ordering::Relaxed);
                     let t0 = Instant::now();
-                    let outcome = target.send().await.map(|t| (t0.elapsed(), t));
+                    let outcome = target.send().await;
                     // A refused client waits a little before its next try, as a real
                     // one honouring Retry-After would, instead of turning refusals
                     // into a busy loop that starves the server it measures.
-                    let refused = matches!(&outcome, Err(k) if k == "http_429" || k == "http_503");
-                    collector.record(outcome);
+                    let refused = matches!(&outcome, Err(k) if is_refusal(k));
+                    collector.record(t0.elapsed(), outcome);
                     if refused {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
@@ -533,6 +567,12 @@ fn print_report(r: &BenchReport) {
         "latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",
         l.p50, l.p90, l.p99, l.max, l.mean
     );
+    if let Some(l) = &r.refused_ms {
+        println!(
+            "refusals ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",
+            l.p50, l.p90, l.p99, l.max, l.mean
+        );
+    }
     let s = &r.server_ms;
     println!(
         "server ms (p50): decode {:.2}  queue {:.2}  inference {:.2}  total {:.2}  overhead {:.2} (p99 {:.2})",
@@ -547,20 +587,5 @@ fn print_report(r: &BenchReport) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn profiles_are_rate_and_seconds_steps_and_bad_ones_say_which_step() {
-        assert_eq!(
-            parse_profile("10:30, 60:5.5,10:30").unwrap(),
-            Profile(vec![(10.0, 30.0), (60.0, 5.5), (10.0, 30.0)])
-        );
-        assert_eq!(
-            parse_profile("10").unwrap_err(),
-            "step \"10\" is not RATE:SECONDS"
-        );
-        assert!(parse_profile("10:30,0:5").unwrap_err().contains("rate \"0\""));
-        assert!(parse_profile("10:x").unwrap_err().contains("seconds \"x\""));
-    }
-}
+#[path = "loadgen_tests.rs"]
+mod tests;
