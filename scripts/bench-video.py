@@ -29,8 +29,13 @@ import peregrine_server
 CLIP_FPS = 25.0
 
 
-def metrics(base):
-    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+def metrics(base, save=None):
+    """The stream counters and glass-to-result buckets of /metrics (also written raw to `save`)."""
+    raw = urllib.request.urlopen(base + "/metrics", timeout=10).read()
+    if save:
+        with open(save, "wb") as f:
+            f.write(raw)
+    text = raw.decode()
     counters, buckets = {}, {}
     for line in text.splitlines():
         m = re.match(r'^(peregrine_stream_\w+)\{([^}]*)\} ([0-9.e+-]+|\+Inf)$', line)
@@ -77,13 +82,10 @@ def quantile(before, after, q):
 
 
 def save_profile(base, directory, n, seconds):
-    """Records the server's CPU for `seconds` as a flame graph, then saves its metrics."""
-    os.makedirs(directory, exist_ok=True)
+    """Records the server's CPU for `seconds` as a flame graph (the measured window)."""
     url = f"{base}/debug/pprof/profile?seconds={max(1, round(seconds))}&format=svg"
     with open(os.path.join(directory, f"profile-{n}.svg"), "wb") as f:
         f.write(urllib.request.urlopen(url, timeout=seconds + 60).read())
-    with open(os.path.join(directory, f"metrics-{n}.txt"), "wb") as f:
-        f.write(urllib.request.urlopen(base + "/metrics", timeout=10).read())
 
 
 def post(base, body):
@@ -109,6 +111,8 @@ def main():
                          "(give the server --profiling true)")
     ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
+    if a.profile:
+        os.makedirs(a.profile, exist_ok=True)
     target = a.fps if a.fps > 0 else CLIP_FPS
     proc, base = peregrine_server.start(a.bin, a.clip, a.serve_args)
     mode = f"{a.fps:g} fps" if a.fps > 0 else "every frame"
@@ -130,19 +134,22 @@ def main():
                 post(base, body)
             time.sleep(a.settle)
             c0, b0 = metrics(base)
-            cpu0 = cpu_seconds(proc.pid)
+            cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
             if a.profile:
+                # The profile's request and its rendering make the window a little longer
+                # than asked: rates below divide by the window as measured.
                 save_profile(base, a.profile, n, a.seconds)
             else:
                 time.sleep(a.seconds)
-            c1, b1 = metrics(base)
-            cores = (cpu_seconds(proc.pid) - cpu0) / a.seconds
+            c1, b1 = metrics(base, a.profile and os.path.join(a.profile, f"metrics-{n}.txt"))
+            window = time.monotonic() - t0
+            cores = (cpu_seconds(proc.pid) - cpu0) / window
             on_nvdec = sum(1 for (n, _, d), v in c1.items() if n == "peregrine_stream_decoder" and d == "nvdec" and v == 1)
             rates = [(total(c1, "peregrine_stream_frames_detected_total", f"cam{i}")
-                      - total(c0, "peregrine_stream_frames_detected_total", f"cam{i}")) / a.seconds
+                      - total(c0, "peregrine_stream_frames_detected_total", f"cam{i}")) / window
                      for i in range(1, n + 1)]
             dropped = (total(c1, "peregrine_stream_frames_dropped_total")
-                       - total(c0, "peregrine_stream_frames_dropped_total")) / a.seconds
+                       - total(c0, "peregrine_stream_frames_dropped_total")) / window
             p50, p99 = quantile(b0, b1, 0.5) * 1e3, quantile(b0, b1, 0.99) * 1e3
             ok = min(rates) >= 0.95 * target
             print(f"| {n} | {mode} | {min(rates):.2f}, {sum(rates) / n:.2f} | {dropped:.1f} | {p50:.0f} / {p99:.0f} | {cores:.2f} ({cores / n:.3f}) | {on_nvdec} | {'yes' if ok else 'no'} |",

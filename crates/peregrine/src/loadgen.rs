@@ -106,6 +106,14 @@ impl LatencyMs {
             mean: h.mean() / 1e3,
         }
     }
+
+    /// One report line: `LABEL ms: p50 ..  p90 ..  p99 ..  max ..  mean ..`.
+    fn line(&self, label: &str) -> String {
+        format!(
+            "{label} ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",
+            self.p50, self.p90, self.p99, self.max, self.mean
+        )
+    }
 }
 
 /// Medians and 99th percentiles of the server's own timing headers, in ms.
@@ -220,11 +228,10 @@ impl Collector {
         match outcome {
             Ok(t) => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
-                let micros = micros(latency);
                 self.latencies
                     .lock()
                     .expect("histogram lock")
-                    .saturating_record(micros);
+                    .saturating_record(micros(latency));
                 let overhead = t.total.saturating_sub(t.decode + t.inference);
                 let mut server = self.server.lock().expect("histogram lock");
                 for (h, v) in server
@@ -562,16 +569,9 @@ fn print_report(r: &BenchReport) {
     if let Some(offered) = r.offered_rps {
         println!("sent at {offered:.2} req/s");
     }
-    let l = &r.latency_ms;
-    println!(
-        "latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",
-        l.p50, l.p90, l.p99, l.max, l.mean
-    );
-    if let Some(l) = &r.refused_ms {
-        println!(
-            "refusals ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",
-            l.p50, l.p90, l.p99, l.max, l.mean
-        );
+    println!("{}", r.latency_ms.line("latency"));
+    if let Some(refused) = &r.refused_ms {
+        println!("{}", refused.line("refusals"));
     }
     let s = &r.server_ms;
     println!(
