@@ -68,7 +68,9 @@ impl ApiError {
             RequestError::BadImage(DecodeError::TooLarge { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
             RequestError::BadImage(DecodeError::UnsupportedFormat(_)) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RequestError::BadImage(_) | RequestError::BadTensor(_) => StatusCode::BAD_REQUEST,
-            RequestError::NotReady { .. } | RequestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            RequestError::NotReady { .. } | RequestError::ShuttingDown | RequestError::NoInstances { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             RequestError::Inference(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -142,7 +144,9 @@ impl ApiError {
                 | RequestError::Backlogged { .. } => Code::ResourceExhausted,
                 RequestError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
                 RequestError::BadImage(_) | RequestError::BadTensor(_) => Code::InvalidArgument,
-                RequestError::NotReady { .. } | RequestError::ShuttingDown => Code::Unavailable,
+                RequestError::NotReady { .. }
+                | RequestError::ShuttingDown
+                | RequestError::NoInstances { .. } => Code::Unavailable,
                 RequestError::Inference(_) => Code::Internal,
             },
             Self::Params(_) | Self::BadRequest(_) | Self::UnsupportedMediaType(_) => Code::InvalidArgument,
@@ -201,6 +205,7 @@ impl ApiError {
                 RequestError::BadTensor(_) => "bad_tensor",
                 RequestError::NotReady { .. } => "not_ready",
                 RequestError::ShuttingDown => "shutting_down",
+                RequestError::NoInstances { .. } => "no_instances",
                 RequestError::Inference(_) => "inference_failed",
             },
             Self::Params(_) | Self::BadRequest(_) => "bad_request",
@@ -313,6 +318,14 @@ mod tests {
                 422,
             ),
             (RequestError::ShuttingDown.into(), 503),
+            (
+                RequestError::NoInstances {
+                    model: "m".into(),
+                    reason: "GPU 1 failed".into(),
+                }
+                .into(),
+                503,
+            ),
             (ApiError::BodyTooLarge { limit: 1 }, 413),
             (ApiError::UnsupportedMediaType("text/plain".into()), 415),
             (

@@ -6,9 +6,10 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use peregrine_engine::telemetry::{self, VersionGauges};
+use peregrine_engine::{device_label, InstancePlacement};
 
 use crate::gauges::{label_value, write_family};
-use crate::wire::{ModelReady, ReadyBody};
+use crate::wire::{InstanceJson, ModelReady, ReadyBody};
 use crate::AppState;
 
 /// The process is up and serving HTTP.
@@ -29,6 +30,10 @@ pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
                 name: m.name.clone(),
                 version: serving.as_ref().ok().map(|e| e.version().to_string()),
                 ready: serving.is_ok(),
+                instances: serving
+                    .as_ref()
+                    .map(|e| InstanceJson::list(&e.placement()))
+                    .unwrap_or_default(),
                 reason: serving.err().map(|e| e.to_string()),
             }
         })
@@ -56,9 +61,20 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         .models
         .values()
         .flat_map(|m| m.versions.iter().filter_map(|v| v.engine.as_ref()));
-    let gauges: Vec<(&str, &str, VersionGauges)> =
-        engines.map(|e| (e.name(), e.version(), e.gauges())).collect();
+    let engines: Vec<_> = engines.collect();
+    let gauges: Vec<(&str, &str, VersionGauges)> = engines
+        .iter()
+        .map(|e| (e.name(), e.version(), e.gauges()))
+        .collect();
     write_version_gauges(&mut text, &gauges);
+    let placements: Vec<_> = engines
+        .iter()
+        .map(|e| (e.name(), e.version(), e.placement()))
+        .collect();
+    write_instance_gauges(
+        &mut text,
+        placements.iter().map(|(m, v, p)| (*m, *v, p.as_slice())),
+    );
     if let Some(gb28181) = &state.gb28181 {
         crate::gb28181::write_gauges(&mut text, &gb28181.devices().await);
     }
@@ -100,6 +116,40 @@ fn write_version_gauges(out: &mut String, versions: &[(&str, &str, VersionGauges
     }
 }
 
+/// Appends `peregrine_instances`: each served version's instances per device, serving
+/// and retired (a failed GPU's).
+fn write_instance_gauges<'a>(
+    out: &mut String,
+    versions: impl Iterator<Item = (&'a str, &'a str, &'a [InstancePlacement])>,
+) {
+    let mut samples = Vec::new();
+    for (model, version, placement) in versions {
+        let mut counts = std::collections::BTreeMap::new();
+        for p in placement {
+            let state = if p.retired.is_some() { "retired" } else { "serving" };
+            for s in ["serving", "retired"] {
+                counts.entry((p.device, s)).or_insert(0u32);
+            }
+            *counts.entry((p.device, state)).or_insert(0) += 1;
+        }
+        for ((device, state), n) in counts {
+            let labels = format!(
+                "model=\"{}\",version=\"{}\",device=\"{}\",state=\"{state}\"",
+                label_value(model),
+                label_value(version),
+                device_label(device)
+            );
+            samples.push((labels, f64::from(n)));
+        }
+    }
+    write_family(
+        out,
+        telemetry::INSTANCES,
+        Some("Model instances per device: serving, or retired after their GPU failed."),
+        samples,
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -138,5 +188,31 @@ mod tests {
         );
         write_version_gauges(&mut out, &[]);
         assert!(out.ends_with("0.0005\n"), "nothing for no versions");
+    }
+
+    #[test]
+    fn instances_are_counted_per_device_and_state() {
+        let placement = |device, retired: Option<&str>| InstancePlacement {
+            device,
+            retired: retired.map(str::to_string),
+        };
+        let two_gpus = [
+            placement(Some(0), None),
+            placement(Some(1), Some("GPU 1 failed")),
+            placement(Some(0), None),
+            placement(Some(1), Some("GPU 1 failed")),
+        ];
+        let mut out = String::new();
+        write_instance_gauges(&mut out, [("det", "1", &two_gpus[..])].into_iter());
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            lines,
+            [
+                "peregrine_instances{model=\"det\",version=\"1\",device=\"gpu0\",state=\"retired\"} 0",
+                "peregrine_instances{model=\"det\",version=\"1\",device=\"gpu0\",state=\"serving\"} 2",
+                "peregrine_instances{model=\"det\",version=\"1\",device=\"gpu1\",state=\"retired\"} 2",
+                "peregrine_instances{model=\"det\",version=\"1\",device=\"gpu1\",state=\"serving\"} 0",
+            ]
+        );
     }
 }

@@ -69,6 +69,7 @@ fn report_json(r: &StreamReport) -> Value {
         "frames_in_use": r.frames_in_use,
         "decoder": {
             "requested": r.decoder.requested.as_str(),
+            "gpu": r.decoder.gpu,
             "active": r.decoder.active.map(|a| a.as_str()),
             "reason": r.decoder.reason,
         },
@@ -81,6 +82,7 @@ fn report_json(r: &StreamReport) -> Value {
             "frame_timeout_ms": cfg.frame_timeout_ms,
             "frame_pool": cfg.frame_pool,
             "decoder": cfg.decoder.map(|d| d.as_str()),
+            "gpu": cfg.gpu,
             "loop": cfg.looped,
             "realtime": cfg.realtime,
             "analytics": {

@@ -191,4 +191,31 @@ pub struct ModelReady {
     /// Why the model is not ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The serving version's instances: where each runs and whether it takes work.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceJson>,
+}
+
+/// One model instance in `/health/ready`.
+#[derive(Debug, Serialize)]
+pub struct InstanceJson {
+    /// `cpu`, `gpu0`, `gpu1`, ...
+    pub device: String,
+    /// `serving`, or `retired` once its device failed.
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl InstanceJson {
+    pub fn list(placement: &[peregrine_engine::InstancePlacement]) -> Vec<Self> {
+        placement
+            .iter()
+            .map(|p| Self {
+                device: peregrine_engine::device_label(p.device),
+                state: if p.retired.is_some() { "retired" } else { "serving" },
+                reason: p.retired.clone(),
+            })
+            .collect()
+    }
 }

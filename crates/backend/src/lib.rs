@@ -18,7 +18,7 @@ pub mod runtime;
 mod staging;
 
 pub use cuda::jpeg::{ColourConversion, JpegSlot};
-pub use error::BackendError;
+pub use error::{is_sticky_cuda_error, BackendError};
 pub use ort_backend::{describe, CudaOptions, ExecutionProvider, OrtBackend, SessionConfig, TensorRtOptions};
 use peregrine_types::model::Dim;
 pub use peregrine_types::ModelDescription;
@@ -61,6 +61,11 @@ pub trait Backend: Send {
     /// Whether [`Backend::run_with_jpegs`] takes JPEG slots (decoded on the device).
     fn decodes_jpeg(&self) -> bool {
         false
+    }
+
+    /// The GPU the model runs on (CUDA's device number), `None` on the CPU.
+    fn device(&self) -> Option<i32> {
+        None
     }
 
     /// Runs of one batch size before a run costs what later ones will: two by default (the
@@ -170,6 +175,10 @@ impl Backend for PerBatchSize {
 
     fn decodes_jpeg(&self) -> bool {
         self.sessions.iter().all(|(_, b)| b.decodes_jpeg())
+    }
+
+    fn device(&self) -> Option<i32> {
+        self.sessions.first().and_then(|(_, b)| b.device())
     }
 
     fn warm_up_runs(&self) -> usize {

@@ -35,6 +35,26 @@ impl ExecutionProvider {
             Self::TensorRt(_) => "tensorrt",
         }
     }
+
+    /// The GPU a GPU provider runs on; `None` for the CPU.
+    pub fn device(&self) -> Option<i32> {
+        match self {
+            Self::Cpu => None,
+            Self::Cuda(o) => Some(o.device_id),
+            Self::TensorRt(o) => Some(o.device_id),
+        }
+    }
+
+    /// The same provider on GPU `device` (the CPU stays the CPU).
+    pub fn on_device(&self, device: i32) -> Self {
+        let mut moved = self.clone();
+        match &mut moved {
+            Self::Cpu => {}
+            Self::Cuda(o) => o.device_id = device,
+            Self::TensorRt(o) => o.device_id = device,
+        }
+        moved
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -107,8 +127,8 @@ pub struct OrtBackend {
     description: ModelDescription,
     io: Io,
     profiling: bool,
-    /// Whether the session runs on a GPU (and so calls CUDA on the running thread).
-    gpu: bool,
+    /// The GPU the session runs on (its runs call CUDA on the running thread), if any.
+    device: Option<i32>,
     /// Whether the session captures its runs as a CUDA graph.
     cuda_graph: bool,
     /// Which runs hold the process-wide capture turn (see [`capture`]).
@@ -117,7 +137,7 @@ pub struct OrtBackend {
 
 impl Drop for OrtBackend {
     fn drop(&mut self) {
-        if self.gpu {
+        if self.device.is_some() {
             // Freeing device memory is a call another thread's capture must not see.
             capture::isolate_this_thread();
         }
@@ -187,11 +207,7 @@ impl OrtBackend {
             Some(ElementType::U8) => Element::U8,
             _ => Element::F32,
         };
-        let device = match &config.provider {
-            ExecutionProvider::Cpu => None,
-            ExecutionProvider::Cuda(o) => Some(o.device_id),
-            ExecutionProvider::TensorRt(o) => Some(o.device_id),
-        };
+        let device = config.provider.device();
         let cuda_graph = matches!(&config.provider, ExecutionProvider::Cuda(o) if o.cuda_graph);
         let io = match device {
             // No silent fallback here: CUDA graphs replay fixed addresses, which only device
@@ -217,7 +233,7 @@ impl OrtBackend {
             description,
             io,
             profiling: config.profile.is_some(),
-            gpu: device.is_some(),
+            device,
             cuda_graph,
             capture_turns: CaptureTurns::new(cuda_graph),
         })
@@ -267,11 +283,17 @@ impl OrtBackend {
 impl OrtBackend {
     /// Readies the calling thread for a run: isolated from other threads' graph captures
     /// when on a GPU, and holding the capture turn while this session's graph is captured.
-    fn prepare_run(&mut self) -> Option<std::sync::MutexGuard<'static, ()>> {
-        if self.gpu {
+    fn prepare_run(&mut self) -> Result<Option<std::sync::MutexGuard<'static, ()>>, BackendError> {
+        if let Some(device) = self.device {
             capture::isolate_this_thread();
+            if matches!(self.io, Io::Device(_)) {
+                // Our own copies and kernels run on the calling thread's current device,
+                // which is device 0 until set: an instance on another GPU must say so
+                // before its first run (ONNX Runtime sets it only inside the run).
+                crate::cuda::set_device(device).map_err(|e| BackendError::Inference(e.to_string()))?;
+            }
         }
-        self.capture_turns.take()
+        Ok(self.capture_turns.take())
     }
 }
 
@@ -399,21 +421,34 @@ impl Backend for OrtBackend {
         jpegs: &[JpegSlot<'_>],
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
-        let _turn = self.prepare_run();
-        match &mut self.io {
+        let device = self.device;
+        let _turn = self.prepare_run().map_err(|e| e.on_device(device))?;
+        let ran = match &mut self.io {
             Io::Device(d) => d.run_with_jpegs(&mut self.session, shape, jpegs, output),
             Io::Staged(_) => crate::run_without_jpegs(self, shape, jpegs, output),
-        }
+        };
+        ran.map_err(|e| e.on_device(device))
     }
 
     fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
-        let _turn = self.prepare_run();
+        let device = self.device;
+        let _turn = self.prepare_run().map_err(|e| e.on_device(device))?;
         let staging = match &mut self.io {
             Io::Staged(s) => s,
-            Io::Device(d) => return d.run(&mut self.session, shape, output),
+            Io::Device(d) => {
+                return d
+                    .run(&mut self.session, shape, output)
+                    .map_err(|e| e.on_device(device))
+            }
         };
-        let outputs = staging.run(&mut self.session, shape)?;
+        let outputs = staging
+            .run(&mut self.session, shape)
+            .map_err(|e| e.on_device(device))?;
         read_output(&outputs[0], output)
+    }
+
+    fn device(&self) -> Option<i32> {
+        self.device
     }
 }
 

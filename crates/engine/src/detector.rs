@@ -121,6 +121,11 @@ impl Detector {
         self.backend.warm_up_runs().max(1)
     }
 
+    /// The GPU the instance runs on, `None` on the CPU.
+    pub fn device(&self) -> Option<i32> {
+        self.backend.device()
+    }
+
     /// Whether JPEG slots ([`Slot::Jpeg`]) are decoded on the device.
     pub fn decodes_jpeg(&self) -> bool {
         self.backend.decodes_jpeg() && self.spec.input_form == InputForm::InterleavedU8

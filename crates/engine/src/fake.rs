@@ -34,6 +34,10 @@ pub struct SlowBackend {
     pub computed: Arc<Mutex<Vec<u8>>>,
     /// Fails every run with this message (a model that cannot warm up).
     pub fail: Option<String>,
+    /// The GPU it claims to run on.
+    pub device: Option<i32>,
+    /// Once set, every run fails as a GPU whose context is corrupt does.
+    pub broken: Option<Arc<std::sync::atomic::AtomicBool>>,
     input: Vec<f32>,
 }
 
@@ -44,6 +48,8 @@ impl SlowBackend {
             delay,
             computed,
             fail: None,
+            device: None,
+            broken: None,
             input: Vec::new(),
         }
     }
@@ -52,6 +58,10 @@ impl SlowBackend {
 impl Backend for SlowBackend {
     fn description(&self) -> &ModelDescription {
         &self.description
+    }
+
+    fn device(&self) -> Option<i32> {
+        self.device
     }
 
     fn input(&mut self, shape: [usize; 4]) -> Result<InputBuffer<'_>, BackendError> {
@@ -64,6 +74,17 @@ impl Backend for SlowBackend {
             return Err(BackendError::Inference(why.clone()));
         }
         std::thread::sleep(self.delay);
+        if self
+            .broken
+            .as_ref()
+            .is_some_and(|b| b.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            // ONNX Runtime's words for it, through the same classification as a real run.
+            let e = BackendError::Inference(
+                "CUDA failure 700: an illegal memory access was encountered ; GPU=1".into(),
+            );
+            return Err(e.on_device(self.device));
+        }
         let n = shape[0];
         let plane = 32 * 32;
         output.shape = vec![n, 1, 6];

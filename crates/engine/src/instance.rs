@@ -4,12 +4,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use peregrine_backend::BackendError;
 use peregrine_types::DetectParams;
 use peregrine_vision::{DetectorSpec, Letterbox};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::detector::Detector;
-use crate::queue_task::{Batch, Command, ItemTimings, Reply};
+use crate::queue_task::{Batch, Command, Entry, ItemTimings, Reply};
 use crate::request::RequestError;
 use crate::shared::Shared;
 use crate::slot::{Slot, SlotOutput};
@@ -82,8 +83,19 @@ pub(crate) fn run_instance(
         if sent.is_err() {
             break;
         }
+        // No batch: the queue task ended, or took this instance out of rotation.
         let Ok(batch) = rx.blocking_recv() else { break };
-        run_one(&mut detector, batch, &shared);
+        if let Some(lost) = run_one(&mut detector, batch, &shared) {
+            // The device is unusable: hand the batch back to be run elsewhere and stop.
+            if let Some(sender) = commands.upgrade() {
+                let _ = sender.blocking_send(Command::DeviceLost {
+                    instance: index,
+                    reason: lost.reason,
+                    batch: lost.batch,
+                });
+            }
+            break;
+        }
     }
     // The session goes before this thread's claim on the engine, so that once the engine
     // reads as stopped its model memory has been given back.
@@ -176,12 +188,22 @@ struct Waiting {
     /// Its time in the queue.
     waited: std::time::Duration,
     decode: std::time::Duration,
+    deadline: std::time::Instant,
+    /// The request's span, should the slot have to be queued again.
+    request: tracing::Span,
     /// Its `infer` span, linked to the batch's, ended once it is answered.
     span: tracing::Span,
 }
 
-/// Runs one batch and answers each of its slots.
-fn run_one(detector: &mut Detector, batch: Batch, shared: &Shared) {
+/// A batch whose device failed under it, unanswered, and why.
+pub(crate) struct Lost {
+    pub reason: String,
+    pub batch: Vec<Entry>,
+}
+
+/// Runs one batch and answers each of its slots, unless the device was lost: then nobody
+/// is answered and the batch comes back, to run on another device.
+fn run_one(detector: &mut Detector, batch: Batch, shared: &Shared) -> Option<Lost> {
     let (model, version, size) = (&shared.config.name, &shared.config.version, batch.len());
     let batch_span = spans::batch(batch.iter().map(|(e, _)| &e.request), model, version, size);
     let (slots, waiting): (Vec<Slot>, Vec<Waiting>) = batch
@@ -192,7 +214,9 @@ fn run_one(detector: &mut Detector, batch: Batch, shared: &Shared) {
                 reply: entry.reply,
                 waited,
                 decode: entry.decode,
+                deadline: entry.deadline,
                 span: spans::infer(&entry.request, &batch_span, model, version, size),
+                request: entry.request,
             };
             (entry.slot, waiting)
         })
@@ -200,13 +224,33 @@ fn run_one(detector: &mut Detector, batch: Batch, shared: &Shared) {
     shared.running.fetch_add(1, Ordering::Relaxed);
     let outcome = batch_span.in_scope(|| detector.run_batch(&slots));
     shared.running.fetch_sub(1, Ordering::Relaxed);
+    if let Err(EngineError::Backend(e @ BackendError::DeviceLost { .. })) = &outcome {
+        tracing::error!(parent: &batch_span, model = %model, version = %version, error = %e, batch = size, "the GPU failed; this batch goes back to the queue");
+        let batch = slots
+            .into_iter()
+            .zip(waiting)
+            .map(|(slot, w)| Entry {
+                slot,
+                deadline: w.deadline,
+                decode: w.decode,
+                reply: w.reply,
+                request: w.request,
+                queued: tracing::Span::none(),
+            })
+            .collect();
+        return Some(Lost {
+            reason: e.to_string(),
+            batch,
+        });
+    }
     // The canvases go back to the pool before anyone is answered.
     for canvas in slots.into_iter().filter_map(Slot::into_canvas) {
         shared.recycle(canvas);
     }
     match outcome {
         Ok((outputs, t)) => {
-            telemetry::batch_ran(model, size, t.preprocess, t.inference, t.postprocess);
+            let device = crate::rotation::device_label(detector.device());
+            telemetry::batch_ran(model, &device, size, t.preprocess, t.inference, t.postprocess);
             let decode_total = waiting.iter().map(|w| w.decode).sum();
             shared.stats.batch(
                 &BatchRun {
@@ -237,4 +281,5 @@ fn run_one(detector: &mut Detector, batch: Batch, shared: &Shared) {
             }
         }
     }
+    None
 }

@@ -11,7 +11,9 @@
 //! dedicated OS threads (never on a tokio worker). One batch slot is a [`Slot`] from the
 //! request to the instance and a [`SlotOutput`] on the way back. The pure
 //! [`wait::WaitEstimator`], owned by the queue task, estimates each request's wait so that
-//! one that cannot meet its deadline is refused at once. [`telemetry`] names every metric
+//! one that cannot meet its deadline is refused at once. The pure [`rotation::Rotation`],
+//! also the queue task's, takes a failed GPU's instances out of rotation while the others
+//! serve. [`telemetry`] names every metric
 //! and [`stats`] keeps Triton-style counters per engine.
 //!
 //! The engine knows one model version and the [`peregrine_backend::Backend`] trait only:
@@ -29,6 +31,7 @@ mod preprocess;
 pub mod queue;
 mod queue_task;
 mod request;
+pub mod rotation;
 mod service;
 mod shared;
 mod slot;
@@ -44,6 +47,7 @@ pub use error::EngineError;
 pub use instance::live_instances;
 pub use queue::BatchPolicy;
 pub use request::{ImageResult, RequestError, RequestTimings, TensorResult};
+pub use rotation::{device_label, InstancePlacement};
 pub use service::{AdmissionPermit, Engine, EngineConfig, WeakEngine};
 pub use slot::{Slot, SlotOutput};
 pub use stats::StatsSnapshot;

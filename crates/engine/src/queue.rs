@@ -103,6 +103,14 @@ impl<T: QueueItem> BatchQueue<T> {
         Ok(())
     }
 
+    /// Puts items back at the head of the queue, in their order, whatever the capacity:
+    /// they were admitted and queued once already (a batch whose device failed under it).
+    pub fn requeue(&mut self, items: Vec<T>, now: Instant) {
+        for item in items.into_iter().rev() {
+            self.waiting.push_front(Waiting { item, enqueued: now });
+        }
+    }
+
     /// Removes every request past its deadline or abandoned by its client, so no compute
     /// is spent on them.
     pub fn sweep(&mut self, now: Instant, dropped: &mut Dropped<T>) {

@@ -12,6 +12,7 @@ use crate::adaptive::{AdaptiveBatcher, BatchFill, BatchLimits};
 use crate::divert::Divert;
 use crate::queue::{BatchPolicy, BatchQueue, Dropped, NextBatch, QueueItem};
 use crate::request::RequestError;
+use crate::rotation::{device_label, Rotation};
 use crate::shared::Shared;
 use crate::slot::{Slot, SlotOutput};
 use crate::telemetry;
@@ -75,6 +76,13 @@ pub(crate) enum Command {
         instance: usize,
         reply: oneshot::Sender<Batch>,
     },
+    /// Instance number `instance` found its device unusable running `batch`, which comes
+    /// back unanswered; the instance has stopped.
+    DeviceLost {
+        instance: usize,
+        reason: String,
+        batch: Vec<Entry>,
+    },
 }
 
 /// Runs until every sender of `commands` is gone (every `Engine` handle dropped and every
@@ -121,6 +129,8 @@ struct QueueTask {
     queue: BatchQueue<Entry>,
     idle: Vec<(usize, oneshot::Sender<Batch>)>,
     wait: WaitEstimator,
+    /// Which instances take work (all, until a device fails).
+    rotation: Rotation,
     /// Adaptive batching, once the instances have said which sizes they run.
     adaptive: Option<AdaptiveBatcher>,
     /// Batches handed out since the last tick.
@@ -145,6 +155,7 @@ impl QueueTask {
             queue: BatchQueue::new(policy),
             idle: Vec::new(),
             wait,
+            rotation: Rotation::new(shared.placement.load().iter().map(|p| p.device).collect()),
             adaptive: None,
             fill: BatchFill::default(),
             divert: config
@@ -158,6 +169,7 @@ impl QueueTask {
 
     fn take(&mut self, command: Command, now: Instant) {
         match command {
+            Command::Enqueue(entry) if self.rotation.serving() == 0 => self.no_instances(entry),
             Command::Enqueue(entry) => {
                 if !entry.decode.is_zero() {
                     self.wait.observe_decode(entry.decode);
@@ -177,11 +189,67 @@ impl QueueTask {
                     self.wait.observe_batch(size, took);
                 }
             }
+            // Dropping the reply of an instance out of rotation ends its thread.
+            Command::Idle { instance, .. } if !self.rotation.in_rotation(instance) => {}
             Command::Idle { instance, reply } => {
                 self.wait.instance_idle(instance, now);
                 self.idle.push((instance, reply));
             }
+            Command::DeviceLost {
+                instance,
+                reason,
+                batch,
+            } => self.device_lost(instance, &reason, batch, now),
         }
+    }
+
+    /// Takes the failed device's instances out of rotation and queues the batch again, at
+    /// the head, for the instances left; with none left, every request fails at once.
+    fn device_lost(&mut self, instance: usize, reason: &str, batch: Vec<Entry>, now: Instant) {
+        self.wait.retire(instance);
+        if let Some(out) = self.rotation.device_lost(instance, reason) {
+            let config = &self.shared.config;
+            tracing::error!(
+                model = %config.name, version = %config.version, device = %device_label(out.device),
+                instances = ?out.instances, serving = out.serving, reason = %out.reason,
+                "a GPU failed: its model instances are out of rotation; the others go on serving"
+            );
+            telemetry::device_lost(&self.model, &device_label(out.device));
+            for &i in &out.instances {
+                self.wait.retire(i);
+            }
+            let rotation = &self.rotation;
+            self.idle.retain(|(i, _)| rotation.in_rotation(*i));
+            self.shared
+                .placement
+                .store(Arc::new(rotation.placement().to_vec()));
+            if out.serving == 0 {
+                let _ = self.shared.no_instances.set(out.reason.clone());
+            }
+        }
+        if self.rotation.serving() == 0 {
+            for entry in batch.into_iter().chain(self.queue.drain_all()) {
+                self.no_instances(entry);
+            }
+        } else {
+            telemetry::requeued(&self.model, batch.len());
+            self.queue.requeue(batch, now);
+        }
+    }
+
+    fn no_instances(&self, entry: Entry) {
+        let reason = self
+            .shared
+            .no_instances
+            .get()
+            .cloned()
+            .unwrap_or_else(|| "every instance is out of rotation".into());
+        let _ = entry
+            .recycle_into(&self.shared)
+            .send(Err(RequestError::NoInstances {
+                model: self.model.clone(),
+                reason,
+            }));
     }
 
     /// Hands batches to idle instances while there are both, answers what the queue

@@ -57,6 +57,9 @@ pub enum RequestError {
     NotReady { model: String },
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// Every instance of the model is out of rotation: the GPUs it ran on failed.
+    #[error("model {model} has no instance left to run it: {reason}")]
+    NoInstances { model: String, reason: String },
     #[error("inference failed: {0}")]
     Inference(String),
 }
@@ -76,9 +79,11 @@ impl RequestError {
             Self::Overloaded { .. } | Self::QueueFull { .. } | Self::NotReady { .. } | Self::ShuttingDown => {
                 Some(Duration::from_secs(1))
             }
-            Self::DeadlineExceeded { .. } | Self::BadImage(_) | Self::BadTensor(_) | Self::Inference(_) => {
-                None
-            }
+            Self::DeadlineExceeded { .. }
+            | Self::BadImage(_)
+            | Self::BadTensor(_)
+            | Self::Inference(_)
+            | Self::NoInstances { .. } => None,
         }
     }
 
@@ -88,7 +93,9 @@ impl RequestError {
             Self::Overloaded { .. } | Self::QueueFull { .. } | Self::Backlogged { .. } => "rejected",
             Self::DeadlineExceeded { .. } => "deadline",
             Self::BadImage(_) | Self::BadTensor(_) => "bad_input",
-            Self::NotReady { .. } | Self::ShuttingDown | Self::Inference(_) => "error",
+            Self::NotReady { .. } | Self::ShuttingDown | Self::Inference(_) | Self::NoInstances { .. } => {
+                "error"
+            }
         }
     }
 }

@@ -30,6 +30,7 @@ use crate::preprocess::{letterbox_into_pool, prepare, Prepared};
 use crate::queue::BatchPolicy;
 use crate::queue_task::{run_queue, Command, Entry, ItemTimings};
 use crate::request::{ImageResult, RequestError, RequestTimings, TensorResult};
+use crate::rotation::InstancePlacement;
 use crate::shared::{Decoding, Shared};
 use crate::slot::{Slot, SlotOutput};
 use crate::stats::StatsSnapshot;
@@ -154,15 +155,17 @@ impl WeakEngine {
 }
 
 impl Engine {
-    /// Builds every instance (so a bad model fails here), then starts the queue task and
-    /// the instance threads, which warm up before the engine reports ready. Must be called
-    /// inside a tokio runtime.
+    /// Builds every instance (so a bad model fails here), `factory(i)` building instance
+    /// `i` (on the device placement gives it), then starts the queue task and the instance
+    /// threads, which warm up before the engine reports ready. Must be called inside a
+    /// tokio runtime.
     pub fn start(
         config: EngineConfig,
-        factory: impl Fn() -> Result<Detector, EngineError>,
+        factory: impl Fn(usize) -> Result<Detector, EngineError>,
     ) -> Result<Self, EngineError> {
         let instances = config.instances.max(1);
-        let detectors: Vec<Detector> = (0..instances).map(|_| factory()).collect::<Result<_, _>>()?;
+        let detectors: Vec<Detector> = (0..instances).map(&factory).collect::<Result<_, _>>()?;
+        let devices: Vec<Option<i32>> = detectors.iter().map(Detector::device).collect();
         let spec = detectors[0].spec().clone();
         let device_jpeg = detectors.iter().all(Detector::decodes_jpeg);
         let description = detectors[0].description().clone();
@@ -172,7 +175,7 @@ impl Engine {
             policy: policy.clone(),
             ..config
         };
-        let shared = Arc::new(Shared::new(config, spec, description, device_jpeg));
+        let shared = Arc::new(Shared::new(config, spec, description, device_jpeg, &devices));
         // Commands are small and the queue task drains them at once; the bound only stops a
         // stalled task from growing memory.
         let (tx, rx) = mpsc::channel(policy.capacity + 64);
@@ -222,10 +225,18 @@ impl Engine {
         WeakEngine(Arc::downgrade(&self.shared))
     }
 
-    /// True once every instance has loaded and run each batch size once.
+    /// True once every instance has loaded and run each batch size once, and until no
+    /// instance is left in rotation.
     pub fn is_ready(&self) -> bool {
         let r = self.shared.readiness.borrow();
-        r.failed.is_none() && r.ready >= self.shared.config.instances.max(1)
+        r.failed.is_none()
+            && r.ready >= self.shared.config.instances.max(1)
+            && self.shared.no_instances.get().is_none()
+    }
+
+    /// Each instance's device and, once its device failed, why it is out of rotation.
+    pub fn placement(&self) -> Arc<Vec<InstancePlacement>> {
+        self.shared.placement.load_full()
     }
 
     /// Waits until every instance has warmed up, or says why one could not.
@@ -358,6 +369,12 @@ impl Engine {
 
     /// Refuses a request the engine cannot serve in time, before any work is spent on it.
     fn check_admissible(&self, deadline: Instant, decodes: bool) -> Result<(), RequestError> {
+        if let Some(reason) = self.shared.no_instances.get() {
+            return Err(RequestError::NoInstances {
+                model: self.shared.config.name.clone(),
+                reason: reason.clone(),
+            });
+        }
         if !self.is_ready() {
             return Err(RequestError::NotReady {
                 model: self.shared.config.name.clone(),

@@ -25,7 +25,7 @@ fn start_with(
 ) -> (Engine, Arc<Mutex<Vec<u8>>>) {
     let computed = Arc::new(Mutex::new(Vec::new()));
     let c = computed.clone();
-    let factory = move || -> Result<Detector, EngineError> {
+    let factory = move |_instance: usize| -> Result<Detector, EngineError> {
         let backend = SlowBackend::new(Duration::from_millis(delay_ms), c.clone());
         Detector::new(
             Box::new(backend),
@@ -359,7 +359,7 @@ async fn only_a_model_with_a_fallback_judges_whether_to_divert() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_warm_up_is_reported_with_its_reason() {
-    let factory = move || -> Result<Detector, EngineError> {
+    let factory = move |_instance: usize| -> Result<Detector, EngineError> {
         let mut backend = SlowBackend::new(Duration::ZERO, Arc::default());
         backend.fail = Some("out of memory".into());
         Detector::new(Box::new(backend), &DetectorConfig::default())
@@ -418,7 +418,7 @@ async fn decoded_frames_with_padded_rows_are_detected_and_bad_ones_refused() {
 fn start_device_jpeg(device_fails: bool) -> (Engine, Arc<Mutex<usize>>) {
     let decoded = Arc::new(Mutex::new(0));
     let d = decoded.clone();
-    let factory = move || -> Result<Detector, EngineError> {
+    let factory = move |_instance: usize| -> Result<Detector, EngineError> {
         Detector::new(
             Box::new(DeviceJpegBackend::new(device_fails, d.clone())),
             &DetectorConfig {
@@ -496,3 +496,6 @@ async fn when_the_device_cannot_decode_a_batch_its_jpegs_are_decoded_on_the_cpu(
         other => panic!("the broken JPEG must fail on its own: {other:?}"),
     }
 }
+
+#[path = "device_loss_tests.rs"]
+mod device_loss;

@@ -13,6 +13,7 @@ use peregrine_backend::ModelDescription;
 use peregrine_vision::DetectorSpec;
 use tokio::sync::{watch, Semaphore};
 
+use crate::rotation::InstancePlacement;
 use crate::stats::EngineStats;
 use crate::telemetry::VersionGauges;
 use crate::wait::{Ahead, WaitEstimator};
@@ -64,6 +65,11 @@ pub(crate) struct Shared {
     pub single_run: OnceLock<Duration>,
     /// The instances decode baseline JPEGs on the device: such requests skip the CPU.
     pub device_jpeg: bool,
+    /// Each instance's device and whether it is in rotation: published by the queue task
+    /// when a device fails, read by status and `/metrics`.
+    pub placement: ArcSwap<Vec<InstancePlacement>>,
+    /// Set by the queue task once no instance is left in rotation: why.
+    pub no_instances: OnceLock<String>,
 }
 
 impl Shared {
@@ -74,6 +80,7 @@ impl Shared {
         spec: DetectorSpec,
         description: ModelDescription,
         device_jpeg: bool,
+        devices: &[Option<i32>],
     ) -> Self {
         let policy = &config.policy;
         // Every canvas that can be alive at once: queued, in the running batches, being
@@ -103,6 +110,16 @@ impl Shared {
             output_shape: OnceLock::new(),
             single_run: OnceLock::new(),
             device_jpeg,
+            placement: ArcSwap::from_pointee(
+                devices
+                    .iter()
+                    .map(|&device| InstancePlacement {
+                        device,
+                        retired: None,
+                    })
+                    .collect(),
+            ),
+            no_instances: OnceLock::new(),
             spec,
             description,
             config,

@@ -20,6 +20,10 @@ pub const LATENCY_OBJECTIVE: &str = "peregrine_latency_objective_seconds";
 pub const BATCH_LIMIT: &str = "peregrine_batch_limit";
 pub const BATCH_DELAY: &str = "peregrine_batch_delay_seconds";
 pub const BATCH_ADJUSTMENTS: &str = "peregrine_batch_adjustments_total";
+pub const DEVICE_BATCHES: &str = "peregrine_device_batches_total";
+pub const DEVICE_FAILURES: &str = "peregrine_device_failures_total";
+pub const REQUEUED: &str = "peregrine_requeued_images_total";
+pub const INSTANCES: &str = "peregrine_instances";
 
 /// Histogram buckets for stage and request durations, in seconds (1 ms to 60 s).
 pub const DURATION_BUCKETS: &[f64] = &[
@@ -29,13 +33,33 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// Histogram buckets for batch sizes.
 pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
-pub(crate) fn batch_ran(model: &str, size: usize, preprocess: Duration, inference: Duration, post: Duration) {
+/// One batch ran on `device` (`cpu`, `gpu0`, ...).
+pub(crate) fn batch_ran(
+    model: &str,
+    device: &str,
+    size: usize,
+    preprocess: Duration,
+    inference: Duration,
+    post: Duration,
+) {
     let m = model.to_string();
+    metrics::counter!(DEVICE_BATCHES, "model" => m.clone(), "device" => device.to_string()).increment(1);
     metrics::histogram!(BATCH_SIZE, "model" => m.clone()).record(size as f64);
     metrics::histogram!(PREPROCESS_SECONDS, "model" => m.clone()).record(preprocess.as_secs_f64());
     metrics::histogram!(INFERENCE_SECONDS, "model" => m.clone()).record(inference.as_secs_f64());
     metrics::histogram!(POSTPROCESS_SECONDS, "model" => m.clone()).record(post.as_secs_f64());
-    metrics::counter!(INFERRED_IMAGES, "model" => m).increment(size as u64);
+    metrics::counter!(INFERRED_IMAGES, "model" => m, "device" => device.to_string()).increment(size as u64);
+}
+
+/// A device failed and its instances left the rotation.
+pub(crate) fn device_lost(model: &str, device: &str) {
+    metrics::counter!(DEVICE_FAILURES, "model" => model.to_string(), "device" => device.to_string())
+        .increment(1);
+}
+
+/// Images of a failed device's batch queued again for the other devices.
+pub(crate) fn requeued(model: &str, n: usize) {
+    metrics::counter!(REQUEUED, "model" => model.to_string()).increment(n as u64);
 }
 
 pub(crate) fn queued(model: &str, waited: Duration) {

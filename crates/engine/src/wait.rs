@@ -42,6 +42,8 @@ pub struct WaitEstimator {
     decode: Option<f64>,
     /// Per instance: the size of the batch it runs and when it got it.
     running: Vec<Option<(usize, Instant)>>,
+    /// Per instance: out of rotation (its device failed), so it takes no more batches.
+    retired: Vec<bool>,
 }
 
 impl WaitEstimator {
@@ -55,6 +57,16 @@ impl WaitEstimator {
             batch: vec![None; max_batch],
             decode: None,
             running: vec![None; instances.max(1)],
+            retired: vec![false; instances.max(1)],
+        }
+    }
+
+    /// `instance` left the rotation: its batch, if any, will not finish, and it takes no
+    /// more.
+    pub fn retire(&mut self, instance: usize) {
+        if let (Some(r), Some(out)) = (self.running.get_mut(instance), self.retired.get_mut(instance)) {
+            *r = None;
+            *out = true;
         }
     }
 
@@ -110,15 +122,22 @@ impl WaitEstimator {
         let (Some(full), Some(_)) = (self.batch_cost(self.limit), self.batch_cost(1)) else {
             return Duration::ZERO;
         };
-        // When each instance can take its next batch.
+        // When each instance in rotation can take its next batch.
         let mut free: Vec<Instant> = self
             .running
             .iter()
-            .map(|r| match r {
+            .zip(&self.retired)
+            .filter(|(_, retired)| !**retired)
+            .map(|(r, _)| match r {
                 Some((size, started)) => (*started + self.batch_cost(*size).unwrap_or(full)).max(now),
                 None => now,
             })
             .collect();
+        if free.is_empty() {
+            // Nothing left to run it: no deadline can be met. (Finite, so that callers may
+            // still scale it.)
+            return Duration::from_secs(1 << 32);
+        }
         let position = ahead.queued + ahead.decoding;
         for _ in 0..position / self.limit {
             let first = earliest(&mut free);

@@ -212,3 +212,26 @@ fn a_lowered_limit_queues_in_smaller_batches_and_keeps_what_was_learned() {
         "clamped to the ceiling"
     );
 }
+
+#[test]
+fn a_retired_instance_takes_no_more_batches() {
+    let now = Instant::now();
+    let mut w = WaitEstimator::new(1, 2, 1, Duration::ZERO);
+    w.observe_batch(1, Duration::from_millis(100));
+    let ahead = Ahead {
+        decoding: 0,
+        queued: 4,
+    };
+    let both = w.estimate(ahead, false, now);
+    w.batch_started(1, 1, now);
+    w.retire(1);
+    let one = w.estimate(ahead, false, now);
+    // Four queued ahead plus its own: three rounds on two instances, five on one.
+    assert_eq!(both, Duration::from_millis(300));
+    assert_eq!(one, Duration::from_millis(500));
+    w.retire(0);
+    assert!(
+        w.estimate(ahead, false, now) > Duration::from_secs(3600),
+        "none left to run it"
+    );
+}

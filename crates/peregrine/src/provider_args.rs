@@ -26,6 +26,16 @@ pub struct ProviderArgs {
     /// GPU to use (cuda, tensorrt).
     #[arg(long, env = "PEREGRINE_DEVICE_ID", default_value_t = 0)]
     pub device_id: i32,
+    /// Spread the model's instances over these GPUs, --instances on each, taken in turn
+    /// (cuda, tensorrt; e.g. `0,1`); instead of --device-id. Video streams' NVDEC
+    /// decoders go to the listed GPU with the fewest streams.
+    #[arg(
+        long,
+        env = "PEREGRINE_GPUS",
+        value_delimiter = ',',
+        conflicts_with = "device_id"
+    )]
+    pub gpus: Vec<i32>,
     /// Cap on the CUDA memory arena, in bytes.
     #[arg(long, env = "PEREGRINE_GPU_MEM_LIMIT")]
     pub gpu_mem_limit: Option<usize>,
@@ -104,6 +114,7 @@ impl Default for ProviderArgs {
             provider: ProviderKind::Cpu,
             provider_fallback: false,
             device_id: 0,
+            gpus: Vec::new(),
             gpu_mem_limit: None,
             cudnn_exhaustive: false,
             prefer_nhwc: false,
@@ -129,11 +140,13 @@ fn peregrine_onnx_top_k() -> usize {
 }
 
 impl ProviderArgs {
-    /// The GPU the models run on; `None` on the CPU provider.
-    pub fn gpu_device(&self) -> Option<i32> {
+    /// The GPUs the models run on: `--gpus`, or `--device-id`'s one; none on the CPU
+    /// provider.
+    pub fn gpu_devices(&self) -> Vec<i32> {
         match self.provider {
-            ProviderKind::Cpu => None,
-            ProviderKind::Cuda | ProviderKind::Tensorrt => Some(self.device_id),
+            ProviderKind::Cpu => Vec::new(),
+            ProviderKind::Cuda | ProviderKind::Tensorrt if self.gpus.is_empty() => vec![self.device_id],
+            ProviderKind::Cuda | ProviderKind::Tensorrt => self.gpus.clone(),
         }
     }
 
@@ -167,6 +180,7 @@ impl ProviderArgs {
         session.device_io = self.device_io;
         session.gpu_jpeg_decode = self.gpu_jpeg_decode;
         session.gpu_jpeg_colour = self.gpu_jpeg_colour.into();
+        settings.gpus = self.gpus.clone();
         settings.provider_fallback = self.provider_fallback;
         settings.graph_rewrite = self.graph_rewrite;
         settings.top_k = self.top_k;
@@ -199,5 +213,23 @@ mod tests {
         let fast = session_for(&["--gpu-jpeg-decode", "--gpu-jpeg-colour", "nvjpeg"]);
         assert_eq!(fast.gpu_jpeg_colour, ColourConversion::Nvjpeg);
         assert!(Cli::try_parse_from(["peregrine", "--gpu-jpeg-colour", "fast"]).is_err());
+    }
+
+    #[test]
+    fn gpus_spread_the_instances_and_exclude_device_id() {
+        let parse =
+            |args: &[&str]| Cli::try_parse_from(std::iter::once("peregrine").chain(args.iter().copied()));
+        let cli = parse(&["--provider", "cuda", "--gpus", "0,1"]).unwrap();
+        assert_eq!(cli.provider.gpu_devices(), vec![0, 1]);
+        let mut settings = ModelSettings::default();
+        settings.engine.instances = 2;
+        cli.provider.apply_to(&mut settings);
+        assert_eq!(
+            settings.instance_devices(),
+            vec![Some(0), Some(1), Some(0), Some(1)]
+        );
+        assert!(parse(&["--gpus", "0,1", "--device-id", "1"]).is_err());
+        let cpu = parse(&["--gpus", "0"]).unwrap();
+        assert!(cpu.provider.gpu_devices().is_empty());
     }
 }

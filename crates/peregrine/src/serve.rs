@@ -289,7 +289,7 @@ async fn start_video(
     options.live_play = live_play;
     options.decoder = peregrine_video::DecoderDefaults {
         kind: s.video_decoder,
-        model_gpu: s.provider.gpu_device(),
+        model_gpus: s.provider.gpu_devices(),
     };
     options.sinks = configured.queues();
     options.sinks.extend(store.as_ref().map(StoreSink::queue));

@@ -421,6 +421,10 @@ impl ServeSettings {
             "give either model (one file) or model_repository (a directory), not both"
         );
         anyhow::ensure!(self.model_version > 0, "model_version must be at least 1");
+        // What only the model settings can check (the GPU list among them).
+        self.model_defaults()
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         if let Some(p) = self
             .preferred_batch_sizes
             .iter()

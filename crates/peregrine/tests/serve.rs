@@ -370,7 +370,7 @@ async fn an_expired_deadline_gets_504_and_no_inference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_only_after_warm_up() {
     // Warming eight batch sizes (1 + 2 + ... + 8 images) takes seconds.
-    let server = Server::start(&["--max-batch", "8"]);
+    let server = Server::start(&["--max-batch", "8", "--instances", "2"]);
     let client = reqwest::Client::new();
     let live = client.get(server.url("/health/live")).send().await.unwrap();
     assert_eq!(live.status(), 200);
@@ -382,6 +382,24 @@ async fn ready_only_after_warm_up() {
     server.wait_ready().await;
     let r = post_image(&client, &server.url("/v1/detect"), image_bytes("bus.jpg"), &[]).await;
     assert_eq!(r.status(), 200);
+    // Readiness lists where each instance runs.
+    let ready: Value = client
+        .get(server.url("/health/ready"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let instances = &ready["models"][0]["instances"];
+    let serving_on_cpu = serde_json::json!({ "device": "cpu", "state": "serving" });
+    assert_eq!(instances, &serde_json::json!([serving_on_cpu, serving_on_cpu]), "{ready}");
+    assert_eq!(
+        server
+            .metric("peregrine_instances", "device=\"cpu\",state=\"serving\"")
+            .await,
+        2.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,6 +37,8 @@ pub struct PreparedModel<'a> {
     weights: Cow<'a, [u8]>,
     sessions: Sessions,
     session: SessionConfig,
+    /// Each instance's device (see `ModelSettings::instance_devices`).
+    devices: Vec<Option<i32>>,
     /// Run on the CPU when the session's provider cannot load.
     fallback: bool,
     detector: DetectorConfig,
@@ -72,18 +74,32 @@ impl<'a> PreparedModel<'a> {
             weights,
             sessions,
             session: settings.session.clone(),
+            devices: settings.instance_devices(),
             fallback: settings.provider_fallback,
             detector,
         })
     }
 
-    /// Builds one detector: its sessions, then the pipeline around them. Blocking.
-    pub fn detector(&self) -> Result<Detector, EngineError> {
+    /// How many instances the settings place (every GPU's together).
+    pub fn instances(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Builds instance `instance`'s detector on its device: its sessions, then the
+    /// pipeline around them. Blocking.
+    pub fn detector(&self, instance: usize) -> Result<Detector, EngineError> {
+        let session = match self.devices.get(instance).copied().flatten() {
+            Some(device) => SessionConfig {
+                provider: self.session.provider.on_device(device),
+                ..self.session.clone()
+            },
+            None => self.session.clone(),
+        };
         let open = |graph: &Option<Vec<u8>>| -> Result<Box<dyn Backend>, EngineError> {
             let weights = graph.as_deref().unwrap_or(&self.weights);
             Ok(Box::new(OrtBackend::from_bytes_or_cpu(
                 weights,
-                &self.session,
+                &session,
                 self.fallback,
             )?))
         };
@@ -104,5 +120,5 @@ impl<'a> PreparedModel<'a> {
 /// The whole recipe for one detector: [`PreparedModel::new`], then
 /// [`PreparedModel::detector`]. Blocking.
 pub fn build_detector(weights: &[u8], settings: &ModelSettings) -> Result<Detector, LoadError> {
-    Ok(PreparedModel::new(weights, settings)?.detector()?)
+    Ok(PreparedModel::new(weights, settings)?.detector(0)?)
 }

@@ -24,13 +24,15 @@ pub trait EngineLoader: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct OrtLoader;
 
-/// The engine configuration of one version under a model's settings. A change of the
-/// model's fallback is a change of its settings, so its versions reload with the new one.
+/// The engine configuration of one version under a model's settings: every placed
+/// instance (`instances` per GPU). A change of the model's fallback is a change of its
+/// settings, so its versions reload with the new one.
 pub fn engine_config(name: &str, version: u64, settings: &ModelSettings) -> EngineConfig {
     EngineConfig {
         name: name.to_string(),
         version: version.to_string(),
         has_fallback: settings.fallback.as_deref().is_some_and(|f| f != name),
+        instances: settings.instance_devices().len(),
         ..settings.engine.clone()
     }
 }
@@ -45,8 +47,8 @@ impl EngineLoader for OrtLoader {
     ) -> Result<Engine, LoadError> {
         // Prepared once, shared by every instance.
         let model = PreparedModel::new(weights, settings)?;
-        Ok(Engine::start(engine_config(name, version, settings), || {
-            model.detector()
+        Ok(Engine::start(engine_config(name, version, settings), |i| {
+            model.detector(i)
         })?)
     }
 }

@@ -53,6 +53,9 @@ pub struct ModelSettings {
     pub engine: EngineConfig,
     /// How each instance's ONNX Runtime session is built.
     pub session: SessionConfig,
+    /// The GPUs a GPU provider's instances are spread over, `engine.instances` on each
+    /// (as Triton's `instance_group` counts them); empty: the provider's one device.
+    pub gpus: Vec<i32>,
     /// How each instance's detector is built. Its `max_batch` is not read from here: a
     /// detector takes the batch policy's (`engine.policy.max_batch`), so one key sets both
     /// (see [`ModelSettings::detector_config`]).
@@ -95,6 +98,7 @@ impl Default for ModelSettings {
                 ..SessionConfig::default()
             },
             detector: DetectorConfig::default(),
+            gpus: Vec::new(),
             provider_fallback: false,
             graph_rewrite: GraphRewrite::Auto,
             top_k: peregrine_onnx::DEFAULT_TOP_K,
@@ -114,7 +118,10 @@ impl Default for ModelSettings {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfigFile {
+    /// Instances on each device (each listed GPU with a GPU provider).
     pub instances: Option<usize>,
+    /// `instances`, under the name that says it counts per GPU; give one or the other.
+    pub instances_per_gpu: Option<usize>,
     pub threads: Option<usize>,
     pub spin_wait: Option<bool>,
     pub max_batch: Option<usize>,
@@ -156,6 +163,8 @@ pub struct ProviderFile {
     pub device_io: Option<bool>,
     pub gpu_jpeg_decode: Option<bool>,
     pub device_id: i32,
+    /// Spread the instances over these GPUs (instead of `device_id`'s one).
+    pub gpus: Option<Vec<i32>>,
     pub memory_limit: Option<usize>,
     pub cudnn_exhaustive: bool,
     pub prefer_nhwc: bool,
@@ -237,6 +246,15 @@ impl ModelSettings {
             session_per_batch_size => session_per_batch_size,
             fixed_input_shapes => fixed_input_shapes,
         );
+        match (file.instances, file.instances_per_gpu) {
+            (Some(_), Some(_)) => {
+                return Err(SettingsError(
+                    "instances and instances_per_gpu are the same setting: give one".into(),
+                ))
+            }
+            (None, Some(n)) => s.engine.instances = n,
+            _ => {}
+        }
         if let Some(v) = &file.graph_rewrite {
             s.graph_rewrite = v.parse().map_err(SettingsError)?;
         }
@@ -264,6 +282,14 @@ impl ModelSettings {
         }
         if let Some(p) = &file.provider {
             s.session.provider = p.provider(model_dir)?;
+            if let Some(gpus) = &p.gpus {
+                if p.device_id != 0 {
+                    return Err(SettingsError(
+                        "[provider] gives both device_id and gpus: give gpus alone".into(),
+                    ));
+                }
+                s.gpus = gpus.clone();
+            }
             take!(p;
                 fallback => provider_fallback,
                 pinned_input => session.pinned_input,
@@ -284,22 +310,67 @@ impl ModelSettings {
         }
     }
 
-    /// The GPU the model runs on, if its provider is a GPU one.
+    /// The GPU the model runs on, if its provider is a GPU one (the first listed in
+    /// `gpus`, when it lists several).
     pub fn gpu_device(&self) -> Option<i32> {
-        match &self.session.provider {
-            ExecutionProvider::Cpu => None,
-            ExecutionProvider::Cuda(o) => Some(o.device_id),
-            ExecutionProvider::TensorRt(o) => Some(o.device_id),
+        let device = self.session.provider.device()?;
+        Some(self.gpus.first().copied().unwrap_or(device))
+    }
+
+    /// Every GPU the model runs on: `gpus`, or the provider's one device; none on the CPU.
+    pub fn gpu_devices(&self) -> Vec<i32> {
+        match self.session.provider.device() {
+            None => Vec::new(),
+            Some(_) if !self.gpus.is_empty() => self.gpus.clone(),
+            Some(device) => vec![device],
         }
     }
 
+    /// Each instance's device, by instance number: `engine.instances` per GPU, taken in
+    /// turn (0, 1, 0, 1, ...) so that the first instances to ask for work, and so the
+    /// first batches, land on different GPUs. `None` on the CPU.
+    pub fn instance_devices(&self) -> Vec<Option<i32>> {
+        let per_device = self.engine.instances.max(1);
+        let gpus = self.gpu_devices();
+        if gpus.is_empty() {
+            return vec![None; per_device];
+        }
+        (0..per_device)
+            .flat_map(|_| gpus.iter().map(|&g| Some(g)))
+            .collect()
+    }
+
     /// Checks every bound; messages name the key and what it must be.
+    /// `gpus` lists each GPU once, numbers CUDA can have, and only with a GPU provider.
+    fn validate_gpus(&self) -> Result<(), SettingsError> {
+        if self.gpus.is_empty() {
+            return Ok(());
+        }
+        if self.session.provider.device().is_none() {
+            return Err(SettingsError(
+                "gpus needs a GPU provider (cuda or tensorrt)".into(),
+            ));
+        }
+        for (i, g) in self.gpus.iter().enumerate() {
+            if *g < 0 {
+                return Err(SettingsError(format!("gpus lists {g}: GPU numbers start at 0")));
+            }
+            if self.gpus[..i].contains(g) {
+                return Err(SettingsError(format!(
+                    "gpus lists GPU {g} twice: list each GPU once and set instances_per_gpu"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), SettingsError> {
         if self.session.gpu_jpeg_decode && self.gpu_device().is_none() {
             return Err(SettingsError(
                 "gpu_jpeg_decode needs a GPU provider (cuda or tensorrt)".into(),
             ));
         }
+        self.validate_gpus()?;
         let engine = &self.engine;
         let positive = [
             ("instances", engine.instances),
@@ -468,5 +539,32 @@ trt_engine_cache = "trt-cache"
             err.0.contains("\"rocm\" is not one of cpu, cuda, tensorrt"),
             "{err}"
         );
+    }
+
+    fn overlaid(text: &str) -> Result<ModelSettings, SettingsError> {
+        ModelSettings::default().overlay(&ModelConfigFile::parse(text)?, Path::new("."))
+    }
+
+    #[test]
+    fn instances_are_spread_over_the_listed_gpus_in_turn() {
+        let s = overlaid("instances_per_gpu = 2\n[provider]\nkind = \"cuda\"\ngpus = [1, 0]").unwrap();
+        assert_eq!(s.gpu_devices(), vec![1, 0]);
+        assert_eq!(s.instance_devices(), vec![Some(1), Some(0), Some(1), Some(0)]);
+        assert_eq!(s.gpu_device(), Some(1));
+        let one = overlaid("instances = 3\n[provider]\nkind = \"cuda\"\ndevice_id = 2").unwrap();
+        assert_eq!(one.instance_devices(), vec![Some(2); 3]);
+        let cpu = overlaid("instances = 2").unwrap();
+        assert_eq!(cpu.instance_devices(), vec![None, None]);
+    }
+
+    #[test]
+    fn bad_gpu_lists_say_what_is_wrong() {
+        let err = |text: &str| overlaid(text).unwrap_err().0;
+        assert!(err("[provider]\ngpus = [0, 1]").contains("gpus needs a GPU provider"));
+        assert!(err("[provider]\nkind = \"cuda\"\ngpus = [0, 0]").contains("lists GPU 0 twice"));
+        assert!(err("[provider]\nkind = \"cuda\"\ngpus = [-1]").contains("start at 0"));
+        assert!(err("[provider]\nkind = \"cuda\"\ndevice_id = 1\ngpus = [0, 1]")
+            .contains("both device_id and gpus"));
+        assert!(err("instances = 1\ninstances_per_gpu = 2").contains("the same setting"));
     }
 }

@@ -37,7 +37,7 @@ impl EngineLoader for FakeLoader {
             );
         }
         let max_batch = settings.engine.policy.max_batch;
-        let factory = move || -> Result<Detector, EngineError> {
+        let factory = move |_instance: usize| -> Result<Detector, EngineError> {
             let delay = Duration::from_millis(if text == "slow" { 40 } else { 2 });
             let mut backend = SlowBackend::new(delay, Arc::new(Mutex::new(Vec::new())));
             if text == "cold" {

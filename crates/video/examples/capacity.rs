@@ -154,7 +154,7 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
     let mut options = ManagerOptions::new(detector);
     options.decoder = DecoderDefaults {
         kind: args.decoder,
-        model_gpu: Some(0),
+        model_gpus: vec![0],
     };
     // The clip's folder is the one file root the streams need.
     let folder = args.clip.parent().filter(|p| !p.as_os_str().is_empty());

@@ -76,6 +76,10 @@ pub struct StreamConfig {
     /// the models' GPU with NVDEC where it takes the stream, else on the CPU.
     #[serde(default)]
     pub decoder: Option<DecoderKind>,
+    /// The GPU whose NVDEC decodes this stream (absent: of the models' GPUs, the one
+    /// decoding the fewest streams).
+    #[serde(default)]
+    pub gpu: Option<i32>,
     /// Access units queued for the decode thread before the source skips to a key frame.
     #[serde(default = "defaults::decode_queue")]
     pub decode_queue: usize,
@@ -110,6 +114,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("frame_timeout_ms", &self.frame_timeout_ms)
             .field("decode_threads", &self.decode_threads)
             .field("decoder", &self.decoder)
+            .field("gpu", &self.gpu)
             .field("decode_queue", &self.decode_queue)
             .field("frame_pool", &self.frame_pool)
             .field("backoff", &self.backoff)
@@ -230,6 +235,7 @@ impl StreamConfig {
             frame_timeout_ms: defaults::frame_timeout_ms(),
             decode_threads: defaults::decode_threads(),
             decoder: None,
+            gpu: None,
             decode_queue: defaults::decode_queue(),
             frame_pool: defaults::frame_pool(),
             backoff: BackoffConfig::default(),
@@ -264,6 +270,9 @@ impl StreamConfig {
         }
         if self.staleness_ms == 0 || self.connect_timeout_ms == 0 || self.frame_timeout_ms == 0 {
             return fail("staleness_ms, connect_timeout_ms and frame_timeout_ms must be over 0".into());
+        }
+        if self.gpu.is_some_and(|g| g < 0) {
+            return fail("gpu must be a GPU number, 0 or more".into());
         }
         if self.frame_pool < 2 {
             return fail("frame_pool must be at least 2 (one frame in detection, one arriving)".into());

@@ -454,7 +454,7 @@ mod tests {
                 pool: FramePool::new(2),
                 clock: Arc::new(SystemWallClock),
                 plan: crate::decode::DecodePlan::Cpu { reason: None },
-                status: crate::decode::DecoderStatusCell::new(crate::decode::DecoderKind::Cpu),
+                status: crate::decode::DecoderStatusCell::new(crate::decode::DecoderKind::Cpu, None),
             },
             Arc::new(LatestSlot::default()),
             counters.clone(),

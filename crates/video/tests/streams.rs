@@ -258,7 +258,7 @@ async fn decoders_fall_back_to_the_cpu_with_a_reason_or_fail_saying_why() {
     let mut options = local_options(instant_detector());
     options.decoder = DecoderDefaults {
         kind: DecoderKind::Auto,
-        model_gpu: Some(0),
+        model_gpus: vec![0],
     };
     let url = shared_clip("bikes.mp4").display().to_string();
     let stream = |name: &str, decoder: Option<DecoderKind>| {

@@ -230,9 +230,11 @@ impl FaceInfo {
     /// The instance group's kind (`KIND_GPU` on a GPU provider, with the device), and its
     /// `ModelInstanceGroup.Kind` number.
     pub fn instance_kind(&self) -> (&'static str, i32, Vec<i32>) {
-        match self.settings.gpu_device() {
-            None => ("KIND_CPU", 2, vec![]),
-            Some(device) => ("KIND_GPU", 1, vec![device]),
+        let gpus = self.settings.gpu_devices();
+        if gpus.is_empty() {
+            ("KIND_CPU", 2, vec![])
+        } else {
+            ("KIND_GPU", 1, gpus)
         }
     }
 

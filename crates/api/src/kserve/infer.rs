@@ -368,7 +368,7 @@ mod tests {
 
     /// The fake model: a `[N, 3, 32, 32]` float input named `images`, output `output0`.
     fn fake_engine() -> Engine {
-        let factory = || {
+        let factory = |_instance: usize| {
             let backend = SlowBackend::new(Duration::ZERO, Arc::default());
             Detector::new(Box::new(backend), &DetectorConfig::default())
         };

@@ -2,6 +2,7 @@
 //! from it and what the machine offers, and what actually decoded (the stream's status).
 //! Pure: the FFmpeg side is in [`super::nvdec`].
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -75,19 +76,33 @@ pub enum DecodePlan {
     Nvdec { device: i32, required: bool },
 }
 
-/// The server's side of the choice: its default and the GPU its models run on, if any.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The server's side of the choice: its default and the GPUs its models run on, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DecoderDefaults {
     /// What streams that do not say get.
     pub kind: DecoderKind,
-    /// The GPU the models run on (`None`: the CPU provider).
-    pub model_gpu: Option<i32>,
+    /// The GPUs the models run on (empty: the CPU provider).
+    pub model_gpus: Vec<i32>,
 }
 
 impl DecoderDefaults {
-    /// The plan for a stream that asked for `requested` (or nothing).
-    pub fn plan(&self, requested: Option<DecoderKind>) -> DecodePlan {
-        match (requested.unwrap_or(self.kind), self.model_gpu) {
+    /// The plan for a stream that asked for decoder `requested` and GPU `gpu` (or
+    /// nothing), while `nvdec_streams` says how many streams each GPU's NVDEC decodes
+    /// already: a stream that names no GPU goes to the models' GPU with the fewest (the
+    /// first listed among equals).
+    pub fn plan(
+        &self,
+        requested: Option<DecoderKind>,
+        gpu: Option<i32>,
+        nvdec_streams: &BTreeMap<i32, usize>,
+    ) -> DecodePlan {
+        let least_loaded = || {
+            self.model_gpus
+                .iter()
+                .copied()
+                .min_by_key(|g| nvdec_streams.get(g).copied().unwrap_or(0))
+        };
+        match (requested.unwrap_or(self.kind), gpu.or_else(least_loaded)) {
             (DecoderKind::Cpu, _) => DecodePlan::Cpu { reason: None },
             (DecoderKind::Auto, None) => DecodePlan::Cpu {
                 reason: Some("the models run on the CPU provider".into()),
@@ -96,7 +111,8 @@ impl DecoderDefaults {
                 device,
                 required: false,
             },
-            // Asked for by name: decode on the models' GPU, or GPU 0 when they run on the CPU.
+            // Asked for by name: decode on the chosen GPU, or GPU 0 when the models run on
+            // the CPU.
             (DecoderKind::Nvdec, gpu) => DecodePlan::Nvdec {
                 device: gpu.unwrap_or(0),
                 required: true,
@@ -109,6 +125,8 @@ impl DecoderDefaults {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecoderStatus {
     pub requested: DecoderKind,
+    /// The GPU whose NVDEC the plan chose, if it chose NVDEC.
+    pub gpu: Option<i32>,
     /// `None` until the first decoder has been opened (and, for NVDEC, has seen the
     /// stream's format), or while a required NVDEC cannot decode the stream.
     pub active: Option<ActiveDecoder>,
@@ -122,9 +140,10 @@ pub struct DecoderStatus {
 pub struct DecoderStatusCell(Arc<Mutex<DecoderStatus>>);
 
 impl DecoderStatusCell {
-    pub fn new(requested: DecoderKind) -> Self {
+    pub fn new(requested: DecoderKind, gpu: Option<i32>) -> Self {
         Self(Arc::new(Mutex::new(DecoderStatus {
             requested,
+            gpu,
             active: None,
             reason: None,
         })))
@@ -149,19 +168,57 @@ mod tests {
     use super::*;
 
     fn on(kind: DecoderKind, model_gpu: Option<i32>) -> DecoderDefaults {
-        DecoderDefaults { kind, model_gpu }
+        DecoderDefaults {
+            kind,
+            model_gpus: model_gpu.into_iter().collect(),
+        }
+    }
+
+    impl DecoderDefaults {
+        /// The plan for a stream naming no GPU, with no other stream running.
+        fn plan_alone(&self, requested: Option<DecoderKind>) -> DecodePlan {
+            self.plan(requested, None, &BTreeMap::new())
+        }
+    }
+
+    #[test]
+    fn streams_go_to_the_gpu_with_the_fewest_unless_they_name_one() {
+        let two = DecoderDefaults {
+            kind: DecoderKind::Auto,
+            model_gpus: vec![0, 1],
+        };
+        let nvdec = |device| DecodePlan::Nvdec {
+            device,
+            required: false,
+        };
+        assert_eq!(
+            two.plan(None, None, &BTreeMap::new()),
+            nvdec(0),
+            "the first among equals"
+        );
+        assert_eq!(two.plan(None, None, &BTreeMap::from([(0, 1)])), nvdec(1));
+        assert_eq!(two.plan(None, None, &BTreeMap::from([(0, 2), (1, 2)])), nvdec(0));
+        assert_eq!(
+            two.plan(None, Some(0), &BTreeMap::from([(0, 5)])),
+            nvdec(0),
+            "named"
+        );
+        assert_eq!(
+            two.plan(Some(DecoderKind::Cpu), Some(1), &BTreeMap::new()),
+            DecodePlan::Cpu { reason: None }
+        );
     }
 
     #[test]
     fn auto_decodes_on_the_models_gpu_and_on_the_cpu_without_one() {
         assert_eq!(
-            on(DecoderKind::Auto, Some(1)).plan(None),
+            on(DecoderKind::Auto, Some(1)).plan_alone(None),
             DecodePlan::Nvdec {
                 device: 1,
                 required: false
             }
         );
-        let DecodePlan::Cpu { reason: Some(reason) } = on(DecoderKind::Auto, None).plan(None) else {
+        let DecodePlan::Cpu { reason: Some(reason) } = on(DecoderKind::Auto, None).plan_alone(None) else {
             panic!("auto without a GPU must be the CPU, with a reason");
         };
         assert!(reason.contains("CPU provider"), "{reason}");
@@ -171,18 +228,18 @@ mod tests {
     fn a_streams_own_choice_beats_the_servers_default() {
         let server = on(DecoderKind::Nvdec, Some(0));
         assert_eq!(
-            server.plan(Some(DecoderKind::Cpu)),
+            server.plan_alone(Some(DecoderKind::Cpu)),
             DecodePlan::Cpu { reason: None }
         );
         assert_eq!(
-            on(DecoderKind::Cpu, None).plan(Some(DecoderKind::Nvdec)),
+            on(DecoderKind::Cpu, None).plan_alone(Some(DecoderKind::Nvdec)),
             DecodePlan::Nvdec {
                 device: 0,
                 required: true
             }
         );
         assert_eq!(
-            on(DecoderKind::Cpu, Some(3)).plan(Some(DecoderKind::Auto)),
+            on(DecoderKind::Cpu, Some(3)).plan_alone(Some(DecoderKind::Auto)),
             DecodePlan::Nvdec {
                 device: 3,
                 required: false
@@ -211,7 +268,7 @@ mod tests {
 
     #[test]
     fn the_status_cell_reports_changes_once() {
-        let cell = DecoderStatusCell::new(DecoderKind::Auto);
+        let cell = DecoderStatusCell::new(DecoderKind::Auto, Some(0));
         assert_eq!(cell.get().active, None);
         assert!(cell.set(Some(ActiveDecoder::Nvdec), None));
         assert!(!cell.set(Some(ActiveDecoder::Nvdec), None));

@@ -21,7 +21,9 @@ use crate::analytics::config::{LineConfig, ZoneConfig};
 use crate::analytics::report::AnalyticsReport;
 use crate::analytics::worker::{self as analytics, LatestPicture, StageMessage};
 use crate::config::{redact_url, ConfigError, StreamConfig};
-use crate::decode::{DecodeWorker, DecodeWorkerConfig, DecoderDefaults, DecoderStatus, DecoderStatusCell};
+use crate::decode::{
+    DecodePlan, DecodeWorker, DecodeWorkerConfig, DecoderDefaults, DecoderStatus, DecoderStatusCell,
+};
 use crate::detect::{DetectionTask, FrameDetector, FrameOutput};
 use crate::event::{DetectionEvent, StreamStatus};
 use crate::fanout::{EventFanout, EventSubscription, ObjectSubscription, SinkQueue, StreamPublisher};
@@ -109,7 +111,7 @@ pub struct ManagerOptions {
     pub stream_policy: StreamPolicy,
     /// Resolves camera host names for the policy (the system's unless a test answers).
     pub resolver: Arc<dyn HostResolver>,
-    /// The decoder of streams that name none, and the GPU `auto` decodes on.
+    /// The decoder of streams that name none, and the GPUs `auto` decodes on.
     pub decoder: DecoderDefaults,
     /// The server's GB28181 signalling, for `gb28181://` streams (`None`: GB28181 is off
     /// and such streams are refused).
@@ -399,6 +401,15 @@ impl Owner {
     }
 
     /// The error for a stream this server does not run: another shard's, or none at all.
+    /// How many running streams each GPU's NVDEC was given.
+    fn nvdec_streams(&self) -> BTreeMap<i32, usize> {
+        let mut load = BTreeMap::new();
+        for gpu in self.streams.values().filter_map(|s| s.decoder.get().gpu) {
+            *load.entry(gpu).or_default() += 1;
+        }
+        load
+    }
+
     fn missing(&self, name: String) -> ManagerError {
         let shard = self.options.shard;
         match shard.claim(&name) {
@@ -449,7 +460,16 @@ impl Owner {
         let counters = StreamCounters::new(&name);
         let pool = FramePool::new(config.frame_pool);
         let slot = Arc::new(LatestSlot::default());
-        let decoder = DecoderStatusCell::new(config.decoder.unwrap_or(self.options.decoder.kind));
+        let plan = self
+            .options
+            .decoder
+            .plan(config.decoder, config.gpu, &self.nvdec_streams());
+        let planned_gpu = match &plan {
+            DecodePlan::Nvdec { device, .. } => Some(*device),
+            DecodePlan::Cpu { .. } => None,
+        };
+        let decoder =
+            DecoderStatusCell::new(config.decoder.unwrap_or(self.options.decoder.kind), planned_gpu);
         let worker = DecodeWorker::spawn(
             DecodeWorkerConfig {
                 stream: name.clone(),
@@ -457,7 +477,7 @@ impl Owner {
                 queue: config.decode_queue,
                 pool: pool.clone(),
                 clock: self.options.clock.clone(),
-                plan: self.options.decoder.plan(config.decoder),
+                plan,
                 status: decoder.clone(),
             },
             slot.clone(),
