@@ -54,9 +54,13 @@ sampler=$!
 hey -z "${duration}s" -c 48 -q 1 -m POST -T image/jpeg -D "$image" -o csv "$url" >"$out/overload.csv"
 kill "$sampler" 2>/dev/null || true
 peak_kb=$(sort -n "$out/rss.txt" | tail -1)
+# Where the server refused (before the body, before or after decoding, queue full, no
+# permit left), and how long its own handler took over refusals: the server's side of
+# the 429s' latency, apart from what the client and the network add.
+curl -fs "http://127.0.0.1:$port/metrics" >"$out/metrics.txt" || true
 
 python3 - "$out" "$duration" "$idle_kb" "$peak_kb" <<'PY'
-import csv, json, sys
+import csv, json, os, sys
 out, duration, idle_kb, peak_kb = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 
 def rows(name):
@@ -93,6 +97,23 @@ try:
     summary["rss_mib"]["peak_files"] = round((rollup.get("Rss", 0) - rollup.get("Anonymous", 0)) / 1024)
 except OSError:
     pass
+refusals, handler = {}, {}
+for line in open(f"{out}/metrics.txt", errors="replace") if os.path.exists(f"{out}/metrics.txt") else []:
+    if line.startswith("peregrine_refusals_total{"):
+        stage = line.split('stage="', 1)[1].split('"', 1)[0]
+        refusals[stage] = refusals.get(stage, 0) + int(float(line.split()[-1]))
+    if line.startswith("peregrine_request_seconds_bucket{") and 'outcome="rejected"' in line:
+        le = line.split('le="', 1)[1].split('"', 1)[0]
+        if le in ("0.001", "0.01", "+Inf"):
+            handler[le] = int(float(line.split()[-1]))
+# Counted since the server started, so the capacity run (8 clients, few if any refused) is in.
+summary["refusals_by_stage"] = refusals
+if handler.get("+Inf"):
+    total = handler["+Inf"]
+    summary["refusals_in_handler_within"] = {
+        "1ms": round(handler.get("0.001", 0) / total, 4),
+        "10ms": round(handler.get("0.01", 0) / total, 4),
+    }
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
 print(json.dumps(summary, indent=2))
 PY

@@ -293,7 +293,7 @@ fn refuse_early(
         options.timeout_ms.map(Duration::from_millis),
         &state.config,
     )?;
-    match engine.check_admission(started + timeout) {
+    match engine.check_admission(&permit, started + timeout) {
         Ok(()) => Ok((options, engine, permit)),
         Err(refusal) => {
             // Nothing of the request has been read, let alone run, so it may move whole.

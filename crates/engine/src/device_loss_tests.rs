@@ -88,7 +88,8 @@ async fn with_every_gpu_failed_requests_are_refused_at_once() {
         );
     }
     until("no instance is left", || !engine.is_ready()).await;
-    let refused = engine.check_admission(far()).unwrap_err();
+    let permit = engine.try_admit().unwrap();
+    let refused = engine.check_admission(&permit, far()).unwrap_err();
     assert!(matches!(refused, RequestError::NoInstances { .. }), "{refused}");
     assert!(refused.to_string().contains("has no instance left"), "{refused}");
     assert!(engine.placement().iter().all(|p| p.retired.is_some()));

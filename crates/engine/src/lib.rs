@@ -21,6 +21,7 @@
 //! a session is the `peregrine-registry` crate's business.
 
 pub mod adaptive;
+mod admission;
 mod detector;
 pub mod divert;
 mod error;

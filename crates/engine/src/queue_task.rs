@@ -175,6 +175,7 @@ impl QueueTask {
                     self.wait.observe_decode(entry.decode);
                 }
                 if let Err(entry) = self.queue.push(entry, now) {
+                    telemetry::refused(&self.model, "queue_full");
                     let _ = entry
                         .recycle_into(&self.shared)
                         .send(Err(RequestError::QueueFull {

@@ -22,9 +22,11 @@ use peregrine_types::DetectParams;
 use peregrine_vision::{
     baseline_jpeg, BaselineJpeg, DecodeLimits, DetectorSpec, ImageView, InputForm, Letterbox,
 };
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::adaptive::Objective;
+pub use crate::admission::AdmissionPermit;
+use crate::admission::Stage;
 use crate::detector::Detector;
 use crate::preprocess::{letterbox_into_pool, prepare, Prepared};
 use crate::queue::BatchPolicy;
@@ -37,11 +39,6 @@ use crate::stats::StatsSnapshot;
 use crate::wait::Ahead;
 use crate::window::WindowStats;
 use crate::{instance, spans, telemetry, EngineError};
-
-/// Estimates are stretched by this much before they are held against a deadline: under
-/// overload the queue settles where estimates meet deadlines, so without headroom the
-/// ordinary spread of batch times would carry a share of admitted requests past theirs.
-const SHED_HEADROOM: f64 = 1.15;
 
 /// How an engine runs one model version.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,20 +105,6 @@ impl Default for EngineConfig {
             objective: None,
             has_fallback: false,
         }
-    }
-}
-
-/// A request's claim on capacity. Keep it until the response is sent.
-#[derive(Debug)]
-pub struct AdmissionPermit {
-    _permit: OwnedSemaphorePermit,
-    engine: Arc<Shared>,
-}
-
-impl Drop for AdmissionPermit {
-    fn drop(&mut self) {
-        let n = self.engine.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
-        telemetry::in_flight(&self.engine.config.name, n);
     }
 }
 
@@ -194,6 +177,11 @@ impl Engine {
         &self.shared.config.name
     }
 
+    /// What the engine's tasks and threads share, for its other modules (admission).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     pub fn version(&self) -> &str {
         &self.shared.config.version
     }
@@ -258,35 +246,17 @@ impl Engine {
         self.shared.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Takes a slot for one request, or says at once that there is none.
-    pub fn try_admit(&self) -> Result<AdmissionPermit, RequestError> {
-        let _span = spans::admission().entered();
-        let permit =
-            self.shared
-                .admission
-                .clone()
-                .try_acquire_owned()
-                .map_err(|_| RequestError::Overloaded {
-                    limit: self.shared.config.max_in_flight,
-                })?;
-        let n = self.shared.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        telemetry::in_flight(&self.shared.config.name, n);
-        Ok(AdmissionPermit {
-            _permit: permit,
-            engine: self.shared.clone(),
-        })
-    }
-
     /// Decodes, queues and detects one image. Nothing is decoded or computed for a request
     /// whose deadline has passed; a request abandoned by its caller (this future dropped)
     /// is removed from the queue before its batch is formed.
     pub async fn detect(
         &self,
-        _permit: &AdmissionPermit,
+        permit: &AdmissionPermit,
         image: Bytes,
         params: DetectParams,
         deadline: Instant,
     ) -> Result<ImageResult, RequestError> {
+        permit.settle();
         let started = Instant::now();
         let outcome = self.detect_inner(image, params, deadline).await;
         self.finish(started, &outcome);
@@ -298,10 +268,11 @@ impl Engine {
     /// it. It is batched with images and other tensors like any request.
     pub async fn infer_tensor(
         &self,
-        _permit: &AdmissionPermit,
+        permit: &AdmissionPermit,
         data: Bytes,
         deadline: Instant,
     ) -> Result<TensorResult, RequestError> {
+        permit.settle();
         let started = Instant::now();
         let outcome = self.infer_tensor_inner(data, deadline).await;
         self.finish(started, &outcome);
@@ -352,60 +323,6 @@ impl Engine {
             Err(RequestError::Inference(_)) => self.shared.request_ended(None),
             Err(_) => {}
         }
-    }
-
-    /// Whether one image with this deadline could be answered in time, judged before its
-    /// body is read: a request refused here costs its client no upload and the server no
-    /// memory. Optimistic where the image is unknown (a device decoder may take it without a
-    /// host decode), so whatever passes here is judged again, exactly, once it is read. A
-    /// refusal counts as a failed request in the engine's statistics, as it would later.
-    pub fn check_admission(&self, deadline: Instant) -> Result<(), RequestError> {
-        let checked = self.check_admissible(deadline, !self.shared.device_jpeg);
-        if checked.is_err() {
-            self.shared.stats.finished(false, Duration::ZERO);
-        }
-        checked
-    }
-
-    /// Refuses a request the engine cannot serve in time, before any work is spent on it.
-    fn check_admissible(&self, deadline: Instant, decodes: bool) -> Result<(), RequestError> {
-        if let Some(reason) = self.shared.no_instances.get() {
-            return Err(RequestError::NoInstances {
-                model: self.shared.config.name.clone(),
-                reason: reason.clone(),
-            });
-        }
-        if !self.is_ready() {
-            return Err(RequestError::NotReady {
-                model: self.shared.config.name.clone(),
-            });
-        }
-        // Refuse now, with a 429 the client can act on, rather than decode and queue a
-        // request that will certainly miss its deadline and end as a 504.
-        self.check_backlog(deadline, self.shared.ahead(), decodes)
-    }
-
-    /// Refuses a request whose estimated answer (see [`crate::wait`]), with headroom for
-    /// the spread of batch times, comes after its deadline. An engine with nothing ahead
-    /// of the request admits it whatever past batches cost, so that it keeps learning.
-    fn check_backlog(&self, deadline: Instant, ahead: Ahead, decodes: bool) -> Result<(), RequestError> {
-        if !self.shared.config.shed_on_backlog {
-            return Ok(());
-        }
-        let now = Instant::now();
-        let wait = self.shared.wait.load();
-        if wait.is_idle(ahead) {
-            return Ok(());
-        }
-        let expected = wait.estimate(ahead, decodes, now).mul_f64(SHED_HEADROOM);
-        let budget = deadline.saturating_duration_since(now);
-        if expected > budget {
-            return Err(RequestError::Backlogged {
-                expected_ms: expected.as_millis() as u64,
-                budget_ms: budget.as_millis() as u64,
-            });
-        }
-        Ok(())
     }
 
     /// Detects objects in a frame already decoded (a video frame: packed RGB8 rows of
@@ -477,7 +394,7 @@ impl Engine {
         params: DetectParams,
         deadline: Instant,
     ) -> Result<ImageResult, RequestError> {
-        self.check_admissible(deadline, false)?;
+        self.check_admissible(deadline, false, Stage::BeforeDecode)?;
         let spec = &self.shared.spec;
         let (width, height) = (jpeg.width as usize, jpeg.height as usize);
         let letterbox = Letterbox::new(width, height, spec.input_width, spec.input_height);
@@ -500,7 +417,7 @@ impl Engine {
         params: DetectParams,
         deadline: Instant,
     ) -> Result<ImageResult, RequestError> {
-        self.check_admissible(deadline, true)?;
+        self.check_admissible(deadline, true, Stage::BeforeDecode)?;
         let decoding = Decoding::new(&self.shared.decoding);
         let tokio_deadline = tokio::time::Instant::from_std(deadline);
         let expired = |stage| RequestError::DeadlineExceeded { stage };
@@ -529,7 +446,7 @@ impl Engine {
             decoding: 0,
             queued: self.shared.queued.load(Ordering::Relaxed),
         };
-        if let Err(refused) = self.check_backlog(deadline, queued, false) {
+        if let Err(refused) = self.check_backlog(deadline, queued, false, Stage::AfterDecode) {
             self.shared.recycle(prepared.canvas);
             return Err(refused);
         }
@@ -582,7 +499,7 @@ impl Engine {
                 data.len()
             )));
         }
-        self.check_admissible(deadline, false)?;
+        self.check_admissible(deadline, false, Stage::BeforeDecode)?;
         let (output, t) = self.submit(Slot::Tensor(data), deadline, Duration::ZERO).await?;
         let SlotOutput::Tensor(data) = output else {
             return Err(RequestError::Inference(

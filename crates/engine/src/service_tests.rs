@@ -499,3 +499,6 @@ async fn when_the_device_cannot_decode_a_batch_its_jpegs_are_decoded_on_the_cpu(
 
 #[path = "device_loss_tests.rs"]
 mod device_loss;
+
+#[path = "admission_tests.rs"]
+mod admission;

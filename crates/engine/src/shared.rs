@@ -43,6 +43,9 @@ pub(crate) struct Shared {
     pub queued: AtomicUsize,
     /// Requests decoding or waiting for a decoder: written by the request futures.
     pub decoding: AtomicUsize,
+    /// Requests past the check before their body was read that have not reached a decoder
+    /// yet (reading their bodies): written by their `AdmissionPermit`s.
+    pub admitted: AtomicUsize,
     /// The queue task's wait estimator as of its last change: published by the queue task,
     /// read at admission.
     pub wait: ArcSwap<WaitEstimator>,
@@ -95,6 +98,7 @@ impl Shared {
             buffers: ArrayQueue::new(pool_size),
             queued: AtomicUsize::new(0),
             decoding: AtomicUsize::new(0),
+            admitted: AtomicUsize::new(0),
             wait: ArcSwap::from_pointee(WaitEstimator::new(
                 policy.max_batch,
                 config.instances,
@@ -190,10 +194,11 @@ impl Shared {
         }
     }
 
-    /// What a request arriving now has in front of it, besides the running batches.
+    /// What a request arriving now has in front of it, besides the running batches: the
+    /// requests admitted and still reading their bodies will need a decoder first too.
     pub fn ahead(&self) -> Ahead {
         Ahead {
-            decoding: self.decoding.load(Ordering::Relaxed),
+            decoding: self.decoding.load(Ordering::Relaxed) + self.admitted.load(Ordering::Relaxed),
             queued: self.queued.load(Ordering::Relaxed),
         }
     }

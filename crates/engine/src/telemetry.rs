@@ -24,6 +24,7 @@ pub const DEVICE_BATCHES: &str = "peregrine_device_batches_total";
 pub const DEVICE_FAILURES: &str = "peregrine_device_failures_total";
 pub const REQUEUED: &str = "peregrine_requeued_images_total";
 pub const INSTANCES: &str = "peregrine_instances";
+pub const REFUSALS: &str = "peregrine_refusals_total";
 
 /// Histogram buckets for stage and request durations, in seconds (1 ms to 60 s).
 pub const DURATION_BUCKETS: &[f64] = &[
@@ -49,6 +50,12 @@ pub(crate) fn batch_ran(
     metrics::histogram!(INFERENCE_SECONDS, "model" => m.clone()).record(inference.as_secs_f64());
     metrics::histogram!(POSTPROCESS_SECONDS, "model" => m.clone()).record(post.as_secs_f64());
     metrics::counter!(INFERRED_IMAGES, "model" => m, "device" => device.to_string()).increment(size as u64);
+}
+
+/// A request refused at once (429) at `stage`: `in_flight` (no admission permit left),
+/// `admission` (before its body was read), `before_decode`, `after_decode`, `queue_full`.
+pub(crate) fn refused(model: &str, stage: &'static str) {
+    metrics::counter!(REFUSALS, "model" => model.to_string(), "stage" => stage).increment(1);
 }
 
 /// A device failed and its instances left the rotation.

@@ -393,7 +393,11 @@ async fn ready_only_after_warm_up() {
         .unwrap();
     let instances = &ready["models"][0]["instances"];
     let serving_on_cpu = serde_json::json!({ "device": "cpu", "state": "serving" });
-    assert_eq!(instances, &serde_json::json!([serving_on_cpu, serving_on_cpu]), "{ready}");
+    assert_eq!(
+        instances,
+        &serde_json::json!([serving_on_cpu, serving_on_cpu]),
+        "{ready}"
+    );
     assert_eq!(
         server
             .metric("peregrine_instances", "device=\"cpu\",state=\"serving\"")

@@ -1,0 +1,63 @@
+//! Admission under a burst: requests that passed the early check count as ahead of later
+//! ones while they read their bodies.
+
+use super::*;
+
+/// One instance, batches of one, 40 ms a batch, shedding on.
+fn shedding_engine() -> Engine {
+    let computed = Arc::new(Mutex::new(Vec::new()));
+    let factory = move |_instance: usize| -> Result<Detector, EngineError> {
+        let backend = SlowBackend::new(Duration::from_millis(40), computed.clone());
+        let config = DetectorConfig {
+            imgsz: None,
+            max_batch: 1,
+            run_sizes: vec![],
+        };
+        Detector::new(Box::new(backend), &config)
+    };
+    let config = EngineConfig {
+        name: "fake".into(),
+        version: "1".into(),
+        instances: 1,
+        policy: BatchPolicy {
+            max_batch: 1,
+            max_delay: Duration::ZERO,
+            preferred: vec![],
+            capacity: 64,
+        },
+        max_in_flight: 64,
+        preprocess_threads: 1,
+        shed_on_backlog: true,
+        ..EngineConfig::default()
+    };
+    Engine::start(config, factory).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_is_judged_as_a_queue_not_as_many_first_requests() {
+    let engine = shedding_engine();
+    ready(&engine).await;
+    // Twenty requests arrive together with 300 ms each; none has read its body yet.
+    let deadline = Instant::now() + Duration::from_millis(300);
+    let permits: Vec<AdmissionPermit> = (0..20).map(|_| engine.try_admit().unwrap()).collect();
+    let admitted = permits
+        .iter()
+        .filter(|p| engine.check_admission(p, deadline).is_ok())
+        .count();
+    // At 40 ms a batch (and the warm-up's spread), a few fit in 300 ms, not twenty.
+    assert!((1..=7).contains(&admitted), "{admitted} of 20 admitted");
+    let refused = engine.check_admission(&permits[19], deadline);
+    assert!(
+        matches!(refused, Err(RequestError::Backlogged { .. })),
+        "{refused:?}"
+    );
+    // Once they have gone (answered, or refused later), nothing is counted ahead.
+    drop(permits);
+    assert_eq!(engine.shared.admitted.load(Ordering::Relaxed), 0);
+    let p = engine.try_admit().unwrap();
+    engine.check_admission(&p, far()).unwrap();
+    // Reaching the decoder hands the request over to the decoding count.
+    let answer = engine.detect(&p, png(7), DetectParams::default(), far()).await;
+    assert_eq!(answer.unwrap().detections[0].class_id, 7);
+    assert_eq!(engine.shared.admitted.load(Ordering::Relaxed), 0);
+}
