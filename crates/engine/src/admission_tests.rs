@@ -15,22 +15,7 @@ fn shedding_engine() -> Engine {
         };
         Detector::new(Box::new(backend), &config)
     };
-    let config = EngineConfig {
-        name: "fake".into(),
-        version: "1".into(),
-        instances: 1,
-        policy: BatchPolicy {
-            max_batch: 1,
-            max_delay: Duration::ZERO,
-            preferred: vec![],
-            capacity: 64,
-        },
-        max_in_flight: 64,
-        preprocess_threads: 1,
-        shed_on_backlog: true,
-        ..EngineConfig::default()
-    };
-    Engine::start(config, factory).unwrap()
+    Engine::start(fake_config(1, 1, true), factory).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,22 +28,11 @@ fn two_gpus() -> (Engine, Computed, Breakers) {
         };
         Detector::new(Box::new(backend), &config)
     };
-    let config = EngineConfig {
-        name: "fake".into(),
-        version: "1".into(),
-        instances: 4,
-        policy: BatchPolicy {
-            max_batch: 2,
-            max_delay: Duration::from_millis(1),
-            preferred: vec![],
-            capacity: 64,
-        },
-        max_in_flight: 64,
-        preprocess_threads: 2,
-        shed_on_backlog: false,
-        ..EngineConfig::default()
-    };
-    (Engine::start(config, factory).unwrap(), computed, flags)
+    (
+        Engine::start(fake_config(4, 2, false), factory).unwrap(),
+        computed,
+        flags,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -497,6 +497,26 @@ async fn when_the_device_cannot_decode_a_batch_its_jpegs_are_decoded_on_the_cpu(
     }
 }
 
+/// An engine configuration for the fake model: `instances`, batches up to `max_batch`
+/// with no waiting for company, room for 64 requests, shedding as `shed` says.
+fn fake_config(instances: usize, max_batch: usize, shed: bool) -> EngineConfig {
+    EngineConfig {
+        name: "fake".into(),
+        version: "1".into(),
+        instances,
+        policy: BatchPolicy {
+            max_batch,
+            max_delay: Duration::ZERO,
+            preferred: vec![],
+            capacity: 64,
+        },
+        max_in_flight: 64,
+        preprocess_threads: 1,
+        shed_on_backlog: shed,
+        ..EngineConfig::default()
+    }
+}
+
 #[path = "device_loss_tests.rs"]
 mod device_loss;
 
