@@ -80,11 +80,6 @@ impl<'a> PreparedModel<'a> {
         })
     }
 
-    /// How many instances the settings place (every GPU's together).
-    pub fn instances(&self) -> usize {
-        self.devices.len()
-    }
-
     /// Builds instance `instance`'s detector on its device: its sessions, then the
     /// pipeline around them. Blocking.
     pub fn detector(&self, instance: usize) -> Result<Detector, EngineError> {

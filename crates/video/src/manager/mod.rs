@@ -400,7 +400,6 @@ impl Owner {
         }
     }
 
-    /// The error for a stream this server does not run: another shard's, or none at all.
     /// How many running streams each GPU's NVDEC was given.
     fn nvdec_streams(&self) -> BTreeMap<i32, usize> {
         let mut load = BTreeMap::new();
@@ -410,6 +409,7 @@ impl Owner {
         load
     }
 
+    /// The error for a stream this server does not run: another shard's, or none at all.
     fn missing(&self, name: String) -> ManagerError {
         let shard = self.options.shard;
         match shard.claim(&name) {
