@@ -6,7 +6,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use peregrine_engine::telemetry::{self, VersionGauges};
-use peregrine_engine::{device_label, InstancePlacement};
+use peregrine_engine::{by_device, device_label, InstancePlacement};
 
 use crate::gauges::{label_value, write_family};
 use crate::wire::{InstanceJson, ModelReady, ReadyBody};
@@ -124,22 +124,16 @@ fn write_instance_gauges<'a>(
 ) {
     let mut samples = Vec::new();
     for (model, version, placement) in versions {
-        let mut counts = std::collections::BTreeMap::new();
-        for p in placement {
-            let state = if p.retired.is_some() { "retired" } else { "serving" };
-            for s in ["serving", "retired"] {
-                counts.entry((p.device, s)).or_insert(0u32);
+        for (device, (serving, retired)) in by_device(placement) {
+            for (state, n) in [("retired", retired), ("serving", serving)] {
+                let labels = format!(
+                    "model=\"{}\",version=\"{}\",device=\"{}\",state=\"{state}\"",
+                    label_value(model),
+                    label_value(version),
+                    device_label(device)
+                );
+                samples.push((labels, n as f64));
             }
-            *counts.entry((p.device, state)).or_insert(0) += 1;
-        }
-        for ((device, state), n) in counts {
-            let labels = format!(
-                "model=\"{}\",version=\"{}\",device=\"{}\",state=\"{state}\"",
-                label_value(model),
-                label_value(version),
-                device_label(device)
-            );
-            samples.push((labels, f64::from(n)));
         }
     }
     write_family(

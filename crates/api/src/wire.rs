@@ -213,7 +213,7 @@ impl InstanceJson {
             .iter()
             .map(|p| Self {
                 device: peregrine_engine::device_label(p.device),
-                state: if p.retired.is_some() { "retired" } else { "serving" },
+                state: p.state(),
                 reason: p.retired.clone(),
             })
             .collect()

@@ -304,6 +304,34 @@ impl OrtBackend {
     }
 }
 
+impl OrtBackend {
+    /// [`Backend::run`], with errors as ONNX Runtime and CUDA gave them (the trait method
+    /// tells a lost GPU from them, once).
+    fn run_session(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
+        let _turn = self.prepare_run()?;
+        let staging = match &mut self.io {
+            Io::Staged(s) => s,
+            Io::Device(d) => return d.run(&mut self.session, shape, output),
+        };
+        let outputs = staging.run(&mut self.session, shape)?;
+        read_output(&outputs[0], output)
+    }
+
+    /// [`Backend::run_with_jpegs`], with errors as given (see [`Self::run_session`]).
+    fn run_session_with_jpegs(
+        &mut self,
+        shape: [usize; 4],
+        jpegs: &[JpegSlot<'_>],
+        output: &mut OutputBuffer,
+    ) -> Result<(), BackendError> {
+        let _turn = self.prepare_run()?;
+        match &mut self.io {
+            Io::Device(d) => d.run_with_jpegs(&mut self.session, shape, jpegs, output),
+            Io::Staged(_) => crate::run_without_jpegs(self, shape, jpegs, output),
+        }
+    }
+}
+
 fn provider_dispatch(provider: &ExecutionProvider) -> Option<ort::ep::ExecutionProviderDispatch> {
     use ort::ep;
     match provider {
@@ -428,30 +456,13 @@ impl Backend for OrtBackend {
         jpegs: &[JpegSlot<'_>],
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
-        let device = self.device;
-        let _turn = self.prepare_run().map_err(|e| e.on_device(device))?;
-        let ran = match &mut self.io {
-            Io::Device(d) => d.run_with_jpegs(&mut self.session, shape, jpegs, output),
-            Io::Staged(_) => crate::run_without_jpegs(self, shape, jpegs, output),
-        };
-        ran.map_err(|e| e.on_device(device))
+        self.run_session_with_jpegs(shape, jpegs, output)
+            .map_err(|e| e.on_device(self.device))
     }
 
     fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
-        let device = self.device;
-        let _turn = self.prepare_run().map_err(|e| e.on_device(device))?;
-        let staging = match &mut self.io {
-            Io::Staged(s) => s,
-            Io::Device(d) => {
-                return d
-                    .run(&mut self.session, shape, output)
-                    .map_err(|e| e.on_device(device))
-            }
-        };
-        let outputs = staging
-            .run(&mut self.session, shape)
-            .map_err(|e| e.on_device(device))?;
-        read_output(&outputs[0], output)
+        self.run_session(shape, output)
+            .map_err(|e| e.on_device(self.device))
     }
 
     fn device(&self) -> Option<i32> {

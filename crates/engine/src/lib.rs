@@ -48,7 +48,7 @@ pub use error::EngineError;
 pub use instance::live_instances;
 pub use queue::BatchPolicy;
 pub use request::{ImageResult, RequestError, RequestTimings, TensorResult};
-pub use rotation::{device_label, InstancePlacement};
+pub use rotation::{by_device, device_label, InstancePlacement};
 pub use service::{AdmissionPermit, Engine, EngineConfig, WeakEngine};
 pub use slot::{Slot, SlotOutput};
 pub use stats::StatsSnapshot;

@@ -82,20 +82,31 @@ impl Rotation {
             serving: self.serving(),
         })
     }
+}
 
-    /// Instances in and out of rotation per device, in device order (the CPU first).
-    pub fn by_device(&self) -> BTreeMap<Option<i32>, (usize, usize)> {
-        let mut counts = BTreeMap::new();
-        for p in &self.instances {
-            let (serving, retired) = counts.entry(p.device).or_insert((0, 0));
-            if p.retired.is_none() {
-                *serving += 1;
-            } else {
-                *retired += 1;
-            }
+impl InstancePlacement {
+    /// `serving`, or `retired` once its device failed: the word status and metrics use.
+    pub fn state(&self) -> &'static str {
+        if self.retired.is_some() {
+            "retired"
+        } else {
+            "serving"
         }
-        counts
     }
+}
+
+/// Instances (serving, retired) per device, in device order (the CPU first).
+pub fn by_device(placement: &[InstancePlacement]) -> BTreeMap<Option<i32>, (usize, usize)> {
+    let mut counts = BTreeMap::new();
+    for p in placement {
+        let (serving, retired) = counts.entry(p.device).or_insert((0, 0));
+        if p.retired.is_none() {
+            *serving += 1;
+        } else {
+            *retired += 1;
+        }
+    }
+    counts
 }
 
 /// How a device is named in logs, metrics and status: `gpu0`, `gpu1`, ... or `cpu`.
@@ -122,8 +133,10 @@ mod tests {
         assert!(r.in_rotation(0) && r.in_rotation(2));
         assert!(!r.in_rotation(1) && !r.in_rotation(3));
         assert_eq!(r.placement()[3].retired.as_deref(), Some("CUDA failure 700"));
-        assert_eq!(r.by_device()[&Some(1)], (0, 2));
-        assert_eq!(r.by_device()[&Some(0)], (2, 0));
+        assert_eq!(by_device(r.placement())[&Some(1)], (0, 2));
+        assert_eq!(by_device(r.placement())[&Some(0)], (2, 0));
+        assert_eq!(r.placement()[1].state(), "retired");
+        assert_eq!(r.placement()[0].state(), "serving");
     }
 
     #[test]

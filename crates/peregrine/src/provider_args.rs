@@ -140,16 +140,6 @@ fn peregrine_onnx_top_k() -> usize {
 }
 
 impl ProviderArgs {
-    /// The GPUs the models run on: `--gpus`, or `--device-id`'s one; none on the CPU
-    /// provider.
-    pub fn gpu_devices(&self) -> Vec<i32> {
-        match self.provider {
-            ProviderKind::Cpu => Vec::new(),
-            ProviderKind::Cuda | ProviderKind::Tensorrt if self.gpus.is_empty() => vec![self.device_id],
-            ProviderKind::Cuda | ProviderKind::Tensorrt => self.gpus.clone(),
-        }
-    }
-
     pub fn provider(&self) -> ExecutionProvider {
         match self.provider {
             ProviderKind::Cpu => ExecutionProvider::Cpu,
@@ -220,16 +210,18 @@ mod tests {
         let parse =
             |args: &[&str]| Cli::try_parse_from(std::iter::once("peregrine").chain(args.iter().copied()));
         let cli = parse(&["--provider", "cuda", "--gpus", "0,1"]).unwrap();
-        assert_eq!(cli.provider.gpu_devices(), vec![0, 1]);
         let mut settings = ModelSettings::default();
         settings.engine.instances = 2;
         cli.provider.apply_to(&mut settings);
+        assert_eq!(settings.gpu_devices(), vec![0, 1]);
         assert_eq!(
             settings.instance_devices(),
             vec![Some(0), Some(1), Some(0), Some(1)]
         );
         assert!(parse(&["--gpus", "0,1", "--device-id", "1"]).is_err());
         let cpu = parse(&["--gpus", "0"]).unwrap();
-        assert!(cpu.provider.gpu_devices().is_empty());
+        let mut settings = ModelSettings::default();
+        cpu.provider.apply_to(&mut settings);
+        assert!(settings.gpu_devices().is_empty());
     }
 }

@@ -289,7 +289,7 @@ async fn start_video(
     options.live_play = live_play;
     options.decoder = peregrine_video::DecoderDefaults {
         kind: s.video_decoder,
-        model_gpus: s.provider.gpu_devices(),
+        model_gpus: s.model_defaults().gpu_devices(),
     };
     options.sinks = configured.queues();
     options.sinks.extend(store.as_ref().map(StoreSink::queue));

@@ -313,8 +313,7 @@ impl ModelSettings {
     /// The GPU the model runs on, if its provider is a GPU one (the first listed in
     /// `gpus`, when it lists several).
     pub fn gpu_device(&self) -> Option<i32> {
-        let device = self.session.provider.device()?;
-        Some(self.gpus.first().copied().unwrap_or(device))
+        self.gpu_devices().first().copied()
     }
 
     /// Every GPU the model runs on: `gpus`, or the provider's one device; none on the CPU.
