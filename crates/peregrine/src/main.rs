@@ -16,6 +16,7 @@ mod profiling_config;
 mod provider_args;
 mod quantize;
 mod quantize_report;
+mod quantize_search;
 mod report;
 mod serve;
 mod serve_config;

@@ -24,6 +24,7 @@ use sha2::Digest;
 
 use crate::cli::ModelArgs;
 use crate::quantize_report::{self, Held};
+use crate::quantize_search;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Method {
@@ -117,6 +118,15 @@ pub struct QuantizeArgs {
     /// patch for TensorRT 10).
     #[arg(long, env = "PEREGRINE_TRT_VERSION", default_value = "100900")]
     pub trt_version: String,
+    /// Search for up to this many layer groups (Ultralytics' modules, `/model.N/`) to keep
+    /// float as well, one per round, each chosen for the parity it buys with the float
+    /// model on the `--held-out` images (0: no search; needs `--held-out`). Each round
+    /// quantizes and measures the model once per group, so it takes minutes.
+    #[arg(long, env = "PEREGRINE_QUANTIZE_SEARCH_FLOAT", default_value_t = 0)]
+    pub search_float: usize,
+    /// The search stops once recall and precision on the held-out images both reach this.
+    #[arg(long, env = "PEREGRINE_QUANTIZE_SEARCH_TARGET", default_value_t = 0.97)]
+    pub search_target: f64,
     /// Seconds to time each model at batch 1 and 4 on the CPU for the summary (0: skip).
     #[arg(long, env = "PEREGRINE_QUANTIZE_BENCH_SECONDS", default_value_t = 5.0)]
     pub bench_seconds: f64,
@@ -163,6 +173,15 @@ impl QuantizeArgs {
 
 pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
     anyhow::ensure!(args.samples > 0, "--samples must be at least 1");
+    anyhow::ensure!(
+        args.search_float == 0 || args.held_out > 0,
+        "--search-float measures parity on held-out images: give --held-out too"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.search_target),
+        "--search-target is a share of detections, between 0 and 1 (got {})",
+        args.search_target
+    );
     let started = Instant::now();
     let bytes =
         std::fs::read(&args.model).with_context(|| format!("cannot read {}", args.model.display()))?;
@@ -195,7 +214,7 @@ pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
         .iter()
         .map(|(name, h)| (name.clone(), h.range(method)))
         .collect();
-    let options = QdqOptions {
+    let mut options = QdqOptions {
         selection: args.selection(),
         activations: match args.activations {
             Activations::Uint8 => ActivationType::Uint8,
@@ -208,6 +227,13 @@ pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
             ("source_sha256".into(), hex::encode(sha2::Sha256::digest(&bytes))),
         ],
     };
+    let mut float = float;
+    let held = Held::load(&held_paths)?;
+    if args.search_float > 0 {
+        let kept = search_float(&args, &bytes, &ranges, &options, &held, &mut float)?;
+        options.metadata.push(("kept_float".into(), kept.join(",")));
+        options.selection.exclude.extend(kept);
+    }
     let quantized = quantize_qdq(&bytes, &ranges, &options).context("writing the QDQ model")?;
     std::fs::write(&args.out, &quantized.model).with_context(|| format!("writing {}", args.out.display()))?;
     let ordered: Vec<(String, (f32, f32))> = plan.tensors.iter().map(|t| (t.clone(), ranges[t])).collect();
@@ -245,9 +271,7 @@ pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
     }
     let mut int8 = crate::model::load_detector(&args.model_args(&args.out)?, 4, None)
         .context("loading the quantized model")?;
-    let mut float = float;
     if !held_paths.is_empty() {
-        let held = Held::load(&held_paths)?;
         let parity = quantize_report::parity(&mut float, &mut int8, &held)?;
         println!("{parity}");
     }
@@ -263,6 +287,41 @@ pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--search-float`: the layer groups to keep float as well, chosen on the held-out images.
+fn search_float(
+    args: &QuantizeArgs,
+    bytes: &[u8],
+    ranges: &HashMap<String, (f32, f32)>,
+    options: &QdqOptions,
+    held: &Held,
+    float: &mut peregrine_engine::Detector,
+) -> Result<Vec<String>> {
+    let scratch = args.out.with_extension("search.onnx");
+    let inputs = quantize_search::SearchInputs {
+        model: bytes,
+        ranges,
+        options,
+        held,
+        scratch: &scratch,
+        rounds: args.search_float,
+        target: args.search_target,
+    };
+    let load = |path: &Path| {
+        crate::model::load_detector(&args.model_args(path)?, 1, None).context("loading a search candidate")
+    };
+    let search = quantize_search::run(&inputs, float, &load)?;
+    println!(
+        "search: kept float as well: {} ({})",
+        if search.kept().is_empty() {
+            "nothing".to_string()
+        } else {
+            search.kept().join(", ")
+        },
+        search.parity()
+    );
+    Ok(search.kept())
 }
 
 /// Runs every calibration image through the calibration graph and collects each tensor's

@@ -51,6 +51,11 @@ fn quantize(dir: &TempDir) -> (std::path::PathBuf, String) {
         "2",
         "--bench-seconds",
         "0",
+        // The search's plumbing at no cost: a target of 0 is met before any round.
+        "--search-float",
+        "2",
+        "--search-target",
+        "0",
         "--trt-calibration-table",
         &table.display().to_string(),
     ]
@@ -87,6 +92,11 @@ async fn quantized_yolo11n_keeps_parity_and_serves_as_version_2() {
     );
     assert!(stdout.contains("calibrated on 12 images"), "{stdout}");
     assert!(
+        stdout.contains("search: as selected, parity with the float model on 2 held-out images")
+            && stdout.contains("search: kept float as well: nothing"),
+        "{stdout}"
+    );
+    assert!(
         stdout.contains("parity with the float model on 2 held-out images"),
         "{stdout}"
     );
@@ -106,6 +116,10 @@ async fn quantized_yolo11n_keeps_parity_and_serves_as_version_2() {
     assert_eq!(meta["peregrine.quantization.samples"], "12");
     assert_eq!(meta["peregrine.quantization.method"], "min-max");
     assert!(meta.contains_key("peregrine.quantization.date"));
+    assert_eq!(
+        meta["peregrine.quantization.kept_float"], "",
+        "the search kept nothing"
+    );
     let nodes: usize = meta["peregrine.quantization.nodes"].parse().unwrap();
     // The convolutions and the operators between them, but not the attention block
     // (the default `--exclude`).
@@ -157,3 +171,34 @@ async fn quantized_yolo11n_keeps_parity_and_serves_as_version_2() {
 
 /// Measured on the shared photos (docs/benchmarks.md, "INT8, issue 18"), less a margin.
 const PARITY_FLOOR: f64 = 0.7;
+
+#[test]
+fn search_without_held_out_images_is_refused_before_any_work() {
+    let dir = TempDir::new("quantize-search-args");
+    let model = shared_dir().join("models/yolo11n.onnx").display().to_string();
+    let images = shared_dir().join("images").display().to_string();
+    let out = dir.path().join("never.onnx");
+    let out = out.display().to_string();
+    for (extra, expected) in [
+        (vec!["--search-float", "1"], "give --held-out too"),
+        (
+            vec!["--search-float", "1", "--held-out", "2", "--search-target", "1.5"],
+            "between 0 and 1 (got 1.5)",
+        ),
+    ] {
+        let mut args = vec![
+            "quantize",
+            "--model",
+            &model,
+            "--calibration",
+            &images,
+            "--out",
+            &out,
+        ];
+        args.extend(extra);
+        let run = common::peregrine(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success() && stderr.contains(expected), "{stderr}");
+        assert!(!dir.path().join("never.onnx").exists());
+    }
+}
