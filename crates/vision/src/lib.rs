@@ -28,6 +28,7 @@ pub mod nms;
 pub mod normalize;
 pub mod postprocess;
 pub mod spec;
+pub mod yuv;
 
 pub use decode::{
     baseline_jpeg, decode_image, decode_image_with, gray_jpeg, BaselineJpeg, DecodeError, DecodeLimits,

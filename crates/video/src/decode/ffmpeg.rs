@@ -384,17 +384,7 @@ impl Scaler {
             self.ctx = ptr::null_mut();
             return Err(DecodeError::Convert);
         }
-        // BT.709 for HD streams, BT.601 otherwise, as the stream says; full or limited range.
-        let colorspace = match f.colorspace as c_int {
-            0 | 2 => {
-                if f.height >= 720 {
-                    ff::SWS_CS_ITU709 as c_int
-                } else {
-                    ff::SWS_CS_DEFAULT as c_int
-                }
-            }
-            c => c,
-        };
+        let colorspace = sws_colorspace(f.colorspace as c_int, f.height);
         let coefficients = ff::sws_getCoefficients(colorspace);
         let full_range = c_int::from(f.color_range == ff::AVColorRange::AVCOL_RANGE_JPEG);
         let rgb_table = ff::sws_getCoefficients(ff::SWS_CS_DEFAULT as c_int);
@@ -405,9 +395,23 @@ impl Scaler {
     }
 }
 
+/// The colour matrix (`SWS_CS_*`) a frame is converted with: the stream's own, or when it
+/// says none (RGB or unspecified), BT.709 for HD pictures and BT.601 otherwise.
+pub(crate) fn sws_colorspace(frame_colorspace: c_int, height: c_int) -> c_int {
+    match frame_colorspace {
+        0 | 2 if height >= 720 => ff::SWS_CS_ITU709 as c_int,
+        0 | 2 => ff::SWS_CS_DEFAULT as c_int,
+        c => c,
+    }
+}
+
 impl Drop for Scaler {
     fn drop(&mut self) {
         // SAFETY: null or a context we own.
         unsafe { ff::sws_freeContext(self.ctx) };
     }
 }
+
+#[cfg(test)]
+#[path = "ffmpeg_rgb_tests.rs"]
+mod rgb_tests;
