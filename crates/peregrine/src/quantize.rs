@@ -206,10 +206,10 @@ pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
     let mut session =
         ActivationSession::from_bytes(&calibration_model, args.threads, args.ort_lib.as_deref())
             .context("building the calibration session")?;
-    let histograms = calibrate(&mut session, &spec, &paths, &plan.tensors)?;
+    let method = args.method();
+    let histograms = calibrate(&mut session, &spec, &paths, &plan.tensors, method)?;
     let calibration_s = started.elapsed().as_secs_f64();
 
-    let method = args.method();
     let ranges: HashMap<String, (f32, f32)> = histograms
         .iter()
         .map(|(name, h)| (name.clone(), h.range(method)))
@@ -331,10 +331,11 @@ fn calibrate(
     spec: &DetectorSpec,
     paths: &[PathBuf],
     tensors: &[String],
+    method: CalibrationMethod,
 ) -> Result<HashMap<String, TensorHistogram>> {
     let mut histograms: HashMap<String, TensorHistogram> = tensors
         .iter()
-        .map(|t| (t.clone(), TensorHistogram::new()))
+        .map(|t| (t.clone(), TensorHistogram::for_method(method)))
         .collect();
     let progress = ProgressBar::new(paths.len() as u64);
     progress.set_style(
