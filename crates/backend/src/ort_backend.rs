@@ -190,10 +190,14 @@ impl OrtBackend {
             // Quantized models: x86 CPUs without VNNI multiply uint8 by int8 in 16-bit pairs
             // that saturate, which cost an int8 yolo11n most of its detections on an AVX2
             // EPYC (recall 39% against 80% with VNNI). This makes ONNX Runtime use its exact
-            // uint8 x uint8 kernels there; float models and VNNI machines are unaffected.
-            builder = builder
-                .with_config_entry("session.x64quantprecision", "1")
-                .map_err(load_err)?;
+            // uint8 x uint8 kernels there. Only there: ONNX Runtime applies it on VNNI cores
+            // too (its overflow test compares dispatch tables, which differ there as well),
+            // where it made INT8 slower than float (0.7-0.9x on an AMX Xeon, 2026-12-07).
+            if quantized_products_saturate() {
+                builder = builder
+                    .with_config_entry("session.x64quantprecision", "1")
+                    .map_err(load_err)?;
+            }
         }
         if let Some(prefix) = &config.profile {
             builder = builder.with_profiling(prefix).map_err(load_err)?;
@@ -489,4 +493,38 @@ pub(crate) fn read_output<T: TensorValueTypeMarker + ?Sized>(
         output.data.extend(data.iter().map(|v| v.to_f32()));
     }
     Ok(())
+}
+
+/// Whether this CPU's fast uint8 x int8 kernels can saturate: x86 without VNNI (AVX-512
+/// VNNI or AVX-VNNI), where ONNX Runtime sums products in 16-bit pairs. Not x86: no.
+pub fn quantized_products_saturate() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        !(std::arch::is_x86_feature_detected!("avx512vnni") || std::arch::is_x86_feature_detected!("avxvnni"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The exact kernels are asked for exactly where the kernel reports no VNNI, read
+    /// independently from the kernel's own list of CPU flags.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn exact_quantized_kernels_only_without_vnni() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo is readable");
+        let flags: Vec<&str> = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .map(|l| l.split_whitespace().collect())
+            .unwrap_or_default();
+        let vnni = flags.contains(&"avx512_vnni") || flags.contains(&"avx_vnni");
+        let x86 = cfg!(target_arch = "x86_64");
+        assert_eq!(quantized_products_saturate(), x86 && !vnni, "flags: {flags:?}");
+    }
 }
