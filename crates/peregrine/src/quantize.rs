@@ -269,16 +269,27 @@ pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
             args.trt_version
         );
     }
+    compare_with_float(&args, &mut float, &held)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The summary's last lines: the written model's parity with the float model on the
+/// held-out images, and both models' speed on the CPU.
+fn compare_with_float(
+    args: &QuantizeArgs,
+    float: &mut peregrine_engine::Detector,
+    held: &Held,
+) -> Result<()> {
     let mut int8 = crate::model::load_detector(&args.model_args(&args.out)?, 4, None)
         .context("loading the quantized model")?;
-    if !held_paths.is_empty() {
-        let parity = quantize_report::parity(&mut float, &mut int8, &held)?;
+    if args.held_out > 0 {
+        let parity = quantize_report::parity(float, &mut int8, held)?;
         println!("{parity}");
     }
     if args.bench_seconds > 0.0 {
         let largest = float.batch_size();
         for batch in [1, 4].into_iter().filter(|&b| b <= largest) {
-            let f = quantize_report::images_per_s(&mut float, batch, args.bench_seconds)?;
+            let f = quantize_report::images_per_s(float, batch, args.bench_seconds)?;
             let q = quantize_report::images_per_s(&mut int8, batch, args.bench_seconds)?;
             println!(
                 "speed batch {batch}: float {f:.2} img/s, int8 {q:.2} img/s, {:.2}x",
@@ -286,7 +297,7 @@ pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// `--search-float`: the layer groups to keep float as well, chosen on the held-out images.
