@@ -57,35 +57,23 @@ fn picture(
     }
 }
 
-/// The decoder's conversion: `Scaler` and `sws_scale`, into rows padded as frames are.
+/// The decoder's own conversion (`DecodedPicture::to_rgb`), into rows padded as frames are.
 fn swscale(p: &Picture) -> (Vec<u8>, usize) {
-    // SAFETY: `p` is a valid yuv420p frame; `out` holds `height` rows of `stride` bytes.
-    unsafe {
-        let f = &*p.0;
-        let stride = (f.width as usize * 3).next_multiple_of(crate::frame::ROW_ALIGN);
-        let mut out = vec![0u8; stride * f.height as usize];
-        let mut scaler = Scaler::default();
-        let sws = scaler.prepare(f, ff::AVPixelFormat::AV_PIX_FMT_YUV420P).unwrap();
-        let dst = [
-            out.as_mut_ptr(),
-            ptr::null_mut(),
-            ptr::null_mut(),
-            ptr::null_mut(),
-        ];
-        let dst_stride = [stride as c_int, 0, 0, 0];
-        let src = f.data.map(|p| p as *const u8);
-        let done = ff::sws_scale(
-            sws,
-            src.as_ptr(),
-            f.linesize.as_ptr(),
-            0,
-            f.height,
-            dst.as_ptr(),
-            dst_stride.as_ptr(),
-        );
-        assert_eq!(done, f.height);
-        (out, stride)
-    }
+    // SAFETY: a valid frame, read for its size.
+    let (width, height) = unsafe { ((*p.0).width as u32, (*p.0).height as u32) };
+    let stride = (width as usize * 3).next_multiple_of(crate::frame::ROW_ALIGN);
+    let mut out = vec![0u8; stride * height as usize];
+    let (mut scaler, mut host) = (Scaler::default(), HostCopy::default());
+    let mut picture = DecodedPicture {
+        frame: p.0,
+        scaler: &mut scaler,
+        host: &mut host,
+        width,
+        height,
+        pts: 0,
+    };
+    picture.to_rgb(&mut out, stride).unwrap();
+    (out, stride)
 }
 
 /// The reference's conversion of the same frame, as the decoder would choose it.
