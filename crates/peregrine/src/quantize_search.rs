@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use peregrine_onnx::quantize::{quantize_qdq, QdqOptions};
+use peregrine_onnx::quantize::{quantize_qdq, QdqOptions, Quantized};
 
 use crate::quantize_report::{self, Held, Parity};
 
@@ -150,10 +150,20 @@ pub struct SearchInputs<'a> {
     pub ranges: &'a HashMap<String, (f32, f32)>,
     pub options: &'a QdqOptions,
     pub held: &'a Held,
-    /// Where candidates are written while they are measured (removed afterwards).
+    /// Where candidates are written while they are measured (removed afterwards, also
+    /// when the search fails).
     pub scratch: &'a Path,
     pub rounds: usize,
     pub target: f64,
+}
+
+/// Removes the candidate file however the search ends.
+struct Scratch<'a>(&'a Path);
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
 }
 
 /// Runs the search from `options`' selection; returns the groups to keep float as well.
@@ -163,17 +173,20 @@ pub fn run(
     float: &mut peregrine_engine::Detector,
     load: &dyn Fn(&Path) -> Result<peregrine_engine::Detector>,
 ) -> Result<FloatSearch> {
-    let measure = |extra: &[String], float: &mut peregrine_engine::Detector| -> Result<Parity> {
+    let scratch = Scratch(inputs.scratch);
+    let quantize = |extra: &[String]| -> Result<Quantized> {
         let mut options = inputs.options.clone();
         options.selection.exclude.extend(extra.iter().cloned());
-        let quantized = quantize_qdq(inputs.model, inputs.ranges, &options).context("writing a candidate")?;
-        std::fs::write(inputs.scratch, &quantized.model)
-            .with_context(|| format!("writing {}", inputs.scratch.display()))?;
-        let mut candidate = load(inputs.scratch)?;
+        quantize_qdq(inputs.model, inputs.ranges, &options).context("writing a candidate")
+    };
+    let measure = |candidate: &Quantized, float: &mut peregrine_engine::Detector| -> Result<Parity> {
+        std::fs::write(scratch.0, &candidate.model)
+            .with_context(|| format!("writing {}", scratch.0.display()))?;
+        let mut candidate = load(scratch.0)?;
         quantize_report::parity(float, &mut candidate, inputs.held)
     };
-    let base = quantize_qdq(inputs.model, inputs.ranges, inputs.options).context("writing the model")?;
-    let baseline = measure(&[], float)?;
+    let base = quantize(&[])?;
+    let baseline = measure(&base, float)?;
     println!("search: as selected, {baseline}");
     let mut search = FloatSearch::new(groups(&base.nodes), baseline, inputs.rounds, inputs.target);
     loop {
@@ -182,7 +195,7 @@ pub fn run(
             break;
         }
         for group in &candidates {
-            let parity = measure(&search.exclusions_with(group), float)?;
+            let parity = measure(&quantize(&search.exclusions_with(group))?, float)?;
             println!(
                 "search: {group} float too: recall {:.1}%, precision {:.1}%",
                 100.0 * parity.recall(),
@@ -195,7 +208,6 @@ pub fn run(
             None => println!("search: no group raises parity further"),
         }
     }
-    let _ = std::fs::remove_file(inputs.scratch);
     Ok(search)
 }
 
