@@ -33,6 +33,7 @@ pub mod queue;
 mod queue_task;
 mod request;
 pub mod rotation;
+pub mod sample;
 mod service;
 mod shared;
 mod slot;

@@ -80,6 +80,9 @@ pub(crate) fn letterbox_into_pool(shared: &Shared, image: ImageView<'_>, size: (
         s.borrow_mut()
             .fill_into_from(image, size, spec.input_width, spec.input_height, &mut canvas)
     });
+    if let Some(sampler) = shared.sampler.get() {
+        sampler.offer(&canvas);
+    }
     Prepared {
         canvas,
         letterbox,

@@ -286,6 +286,16 @@ impl Engine {
         self.shared.diverting.load(Ordering::Relaxed)
     }
 
+    /// Offers every canvas this engine letterboxes from now on (image requests and video
+    /// frames) to `sampler`. An engine feeds one sampler in its life; a second is handed
+    /// back.
+    pub fn sample_canvases(
+        &self,
+        sampler: crate::sample::CanvasSampler,
+    ) -> Result<(), crate::sample::CanvasSampler> {
+        self.shared.sampler.set(sampler)
+    }
+
     /// What one run at the smallest batch took at warm-up, and the objective's P99, when
     /// the run alone is longer: the model can answer nothing within its objective.
     pub fn run_past_objective(&self) -> Option<(Duration, Duration)> {

@@ -73,6 +73,9 @@ pub(crate) struct Shared {
     pub placement: ArcSwap<Vec<InstancePlacement>>,
     /// Set by the queue task once no instance is left in rotation: why.
     pub no_instances: OnceLock<String>,
+    /// Where letterboxed canvases are offered, once someone wants a sample of them
+    /// (`Engine::sample_canvases`): set once, read by the preprocessing threads.
+    pub sampler: OnceLock<crate::sample::CanvasSampler>,
 }
 
 impl Shared {
@@ -124,6 +127,7 @@ impl Shared {
                     .collect(),
             ),
             no_instances: OnceLock::new(),
+            sampler: OnceLock::new(),
             spec,
             description,
             config,

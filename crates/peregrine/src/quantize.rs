@@ -90,7 +90,7 @@ pub struct QuantizeArgs {
         long,
         env = "PEREGRINE_QUANTIZE_EXCLUDE",
         value_delimiter = ',',
-        default_value = "/model.10/m/"
+        default_value = peregrine_onnx::quantize::DEFAULT_EXCLUDE
     )]
     pub exclude: Vec<String>,
     /// Keep the output convolutions (those after which no convolution follows) float.

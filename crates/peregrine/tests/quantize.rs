@@ -158,7 +158,13 @@ async fn quantized_yolo11n_keeps_parity_and_serves_as_version_2() {
     server.wait_ready().await;
     let client = reqwest::Client::new();
     let bus = std::fs::read(shared_dir().join("images/bus.jpg")).unwrap();
-    let r = post_image(&client, &format!("{}/v1/detect?model=det", server.base), bus, &[]).await;
+    let detect = format!("{}/v1/detect?model=det", server.base);
+    version_2_finds_the_people_on_the_bus(&client, &detect, bus).await;
+}
+
+/// The repository's version 2 answers, and finds at least three of the bus photo's people.
+async fn version_2_finds_the_people_on_the_bus(client: &reqwest::Client, detect: &str, bus: Vec<u8>) {
+    let r = post_image(client, detect, bus, &[]).await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["version"], "2", "{body}");
@@ -167,6 +173,89 @@ async fn quantized_yolo11n_keeps_parity_and_serves_as_version_2() {
         .filter(|d| d.class_id == 0)
         .count();
     assert!(people >= 3, "{body}");
+}
+
+/// Online calibration: the float version 1 serves requests, three of their canvases
+/// calibrate an INT8 model in the background, which the server publishes as version 2 and
+/// serves. Given the same image, it is the model `peregrine quantize` writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn online_calibration_publishes_and_serves_an_int8_version() {
+    let repo = Repo::new("online");
+    repo.add_version(1);
+    // The model's own 640x640 input, as `peregrine quantize` letterboxes.
+    std::fs::write(
+        repo.0.join("det/config.toml"),
+        "max_batch = 2\nthreads = 1\ncalibration = { mode = \"online\", samples = 3 }\n",
+    )
+    .unwrap();
+    let server = Server::start(&["--model-repository", &repo.arg()]);
+    server.wait_ready().await;
+    let client = reqwest::Client::new();
+    let detect = format!("{}/v1/detect?model=det", server.base);
+    // One picture, so that whichever requests the sampler takes (it passes over those that
+    // come while the calibration is behind), the sample is the same.
+    let bus_path = shared_dir().join("images/bus.jpg");
+    let bus = std::fs::read(&bus_path).unwrap();
+    // Calibration runs at idle priority: on a busy machine it waits for a free core.
+    let ready = server.url("/v2/models/det/versions/2/ready");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    while !client.get(&ready).send().await.is_ok_and(|r| r.status() == 200) {
+        if std::time::Instant::now() > deadline {
+            let logs = server.logs.lock().unwrap();
+            let relevant: Vec<&String> = logs.iter().filter(|l| l.contains("calibrat")).collect();
+            panic!("version 2 never became ready; the server said:\n{relevant:#?}");
+        }
+        let r = post_image(&client, &detect, bus.clone(), &[]).await;
+        assert_eq!(r.status(), 200);
+    }
+    let published =
+        ModelProto::decode(std::fs::read(repo.0.join("det/2/model.onnx")).unwrap().as_slice()).unwrap();
+    let meta: HashMap<String, String> = published
+        .metadata_props
+        .iter()
+        .filter_map(|p| Some((p.key.clone()?, p.value.clone()?)))
+        .collect();
+    use sha2::Digest as _;
+    let source = hex::encode(sha2::Sha256::digest(std::fs::read(Repo::model()).unwrap()));
+    assert_eq!(meta["peregrine.quantization.source_sha256"], source);
+    assert_eq!(meta["peregrine.quantization.source_version"], "1");
+    assert_eq!(meta["peregrine.quantization.calibration"], "online");
+    assert_eq!(meta["peregrine.quantization.samples"], "3");
+    assert_eq!(meta["peregrine.quantization.method"], "min-max");
+
+    // The same graph, ranges and weights as the command calibrating on the same images.
+    let dir = TempDir::new("online-vs-command");
+    let offline = dir.path().join("offline.onnx");
+    let calibration = bus_path.display().to_string();
+    let run = common::peregrine(
+        &[
+            "quantize",
+            "--model",
+            &Repo::model().display().to_string(),
+            "--calibration",
+            &calibration,
+            "--out",
+            &offline.display().to_string(),
+            "--bench-seconds",
+            "0",
+        ]
+        .map(String::from),
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let offline = ModelProto::decode(std::fs::read(&offline).unwrap().as_slice()).unwrap();
+    assert!(
+        published.graph == offline.graph,
+        "online calibration wrote another graph than the command on the same image"
+    );
+
+    version_2_finds_the_people_on_the_bus(&client, &detect, bus).await;
+    // Version 2 is quantized: nothing calibrates it again, and no staging is left behind.
+    let mut entries: Vec<String> = std::fs::read_dir(repo.0.join("det"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    entries.sort();
+    assert_eq!(entries, ["1", "2", "config.toml"]);
 }
 
 /// Measured on the shared photos (docs/benchmarks.md, "INT8, issue 18"), less a margin.

@@ -25,6 +25,7 @@
 //! [`Detector`]: peregrine_engine::Detector
 
 mod build;
+pub mod calibration;
 mod fingerprint;
 pub mod graph;
 mod loader;

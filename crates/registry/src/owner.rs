@@ -19,6 +19,7 @@ use super::{
 };
 use peregrine_engine::{Engine, WeakEngine};
 
+mod calibrate;
 mod canary;
 
 struct Loaded {
@@ -55,6 +56,8 @@ pub(super) struct Owner {
     started: bool,
     /// Weights' SHA-256 by file, so that a poll reads only files that changed on disk.
     digests: Arc<DigestCache>,
+    /// Where online calibrations report how they ended (`calibrate`).
+    calibrations: calibrate::Calibrations,
 }
 
 /// Why a sync was asked for: it decides whether failed versions are retried and whether
@@ -79,6 +82,7 @@ impl Owner {
             retiring: Vec::new(),
             started: false,
             digests: Arc::default(),
+            calibrations: calibrate::Calibrations::new(),
         }
     }
 
@@ -96,6 +100,7 @@ impl Owner {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             t
         });
+        let mut calibrated = self.calibrations.take_receiver();
         let mut judge = tokio::time::interval(canary::JUDGE_EVERY);
         judge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -123,6 +128,7 @@ impl Owner {
                         let _ = reply.send(outcome);
                     }
                 },
+                Some(finished) = calibrated.recv() => self.calibration_finished(finished).await,
                 () = tick => self.poll().await,
                 _ = judge.tick() => self.judge_rollouts().await,
             }
@@ -242,6 +248,7 @@ impl Owner {
             .get_mut(name)
             .expect("the model's state was created by sync");
         canary::after_loads(name, state, &listing.settings, serving, &report.loaded);
+        self.start_calibrations(&listing, &report.loaded);
         let serving: Vec<u64> = self.models[name].loaded.keys().copied().collect();
         self.publish();
         if failed.is_empty() {

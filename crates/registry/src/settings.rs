@@ -87,6 +87,8 @@ pub struct ModelSettings {
     /// The model (of the same repository) that serves requests this one cannot answer
     /// within its objective or their deadline, unless they say `fallback=false`.
     pub fallback: Option<String>,
+    /// Calibrate an INT8 version from the served canvases (`calibration`); `None`: off.
+    pub calibration: Option<crate::calibration::OnlineCalibration>,
 }
 
 impl Default for ModelSettings {
@@ -110,6 +112,7 @@ impl Default for ModelSettings {
             load_timeout: Duration::from_secs(300),
             rollout: None,
             fallback: None,
+            calibration: None,
         }
     }
 }
@@ -150,6 +153,8 @@ pub struct ModelConfigFile {
     pub rollout: Option<crate::rollout::RolloutFile>,
     /// The model that takes requests this one cannot serve in time.
     pub fallback: Option<String>,
+    /// Online INT8 calibration (`calibration = { mode = "online", ... }`).
+    pub calibration: Option<crate::calibration::CalibrationFile>,
 }
 
 /// `[provider]` in a model's `config.toml`.
@@ -276,6 +281,9 @@ impl ModelSettings {
         if let Some(name) = &file.fallback {
             crate::store::check_name(name).map_err(|e| SettingsError(format!("fallback: {e}")))?;
             s.fallback = Some(name.clone());
+        }
+        if let Some(c) = &file.calibration {
+            s.calibration = c.resolve(model_dir)?;
         }
         if let Some(r) = &file.rollout {
             s.rollout = Some(r.apply(&s.rollout.clone().unwrap_or_default())?);
