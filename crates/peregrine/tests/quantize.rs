@@ -176,8 +176,8 @@ async fn version_2_finds_the_people_on_the_bus(client: &reqwest::Client, detect:
 }
 
 /// Online calibration: the float version 1 serves requests, three of their canvases
-/// calibrate an INT8 model in the background, which the server publishes as version 2 and
-/// serves. Given the same image, it is the model `peregrine quantize` writes.
+/// calibrate an INT8 model in the background, two more compare it with the float model,
+/// and the server publishes it as version 2 and serves it. Given the same image, it is the model `peregrine quantize` writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn online_calibration_publishes_and_serves_an_int8_version() {
     let repo = Repo::new("online");
@@ -185,7 +185,7 @@ async fn online_calibration_publishes_and_serves_an_int8_version() {
     // The model's own 640x640 input, as `peregrine quantize` letterboxes.
     std::fs::write(
         repo.0.join("det/config.toml"),
-        "max_batch = 2\nthreads = 1\ncalibration = { mode = \"online\", samples = 3 }\n",
+        "max_batch = 2\nthreads = 1\ncalibration = { mode = \"online\", samples = 3, held_out = 2 }\n",
     )
     .unwrap();
     let server = Server::start(&["--model-repository", &repo.arg()]);
@@ -222,6 +222,15 @@ async fn online_calibration_publishes_and_serves_an_int8_version() {
     assert_eq!(meta["peregrine.quantization.calibration"], "online");
     assert_eq!(meta["peregrine.quantization.samples"], "3");
     assert_eq!(meta["peregrine.quantization.method"], "min-max");
+    // Two more canvases compared the INT8 model with the float one before it was published.
+    assert_eq!(meta["peregrine.quantization.held_out"], "2");
+    for key in ["agreement_recall", "agreement_precision"] {
+        let share: f64 = meta[&format!("peregrine.quantization.{key}")].parse().unwrap();
+        assert!(
+            (0.5..=1.0).contains(&share),
+            "{key} {share}: the bus photo itself, held out"
+        );
+    }
 
     // The same graph, ranges and weights as the command calibrating on the same images.
     let dir = TempDir::new("online-vs-command");

@@ -43,6 +43,12 @@ pub struct CalibrationFile {
     pub exclude: Option<Vec<String>>,
     /// ONNX Runtime threads of the calibration session [default: 1].
     pub threads: Option<usize>,
+    /// Canvases sampled after the calibration ones, on which the INT8 model's detections
+    /// are compared with the float model's [default: 20; 0 skips the comparison].
+    pub held_out: Option<usize>,
+    /// Publish only when recall and precision against the float model on the held-out
+    /// canvases both reach this share (0 to 1) [default: publish whatever they are].
+    pub min_agreement: Option<f64>,
 }
 
 /// A model's online calibration, validated.
@@ -54,6 +60,8 @@ pub struct OnlineCalibration {
     pub activations: ActivationType,
     pub selection: Selection,
     pub threads: usize,
+    pub held_out: usize,
+    pub min_agreement: Option<f64>,
     /// The model's directory in the repository, where the result is published.
     pub model_dir: PathBuf,
 }
@@ -116,6 +124,25 @@ impl CalibrationFile {
         if threads == 0 {
             return Err(SettingsError("calibration.threads must be at least 1".into()));
         }
+        let held_out = self.held_out.unwrap_or(20);
+        if held_out > MAX_SAMPLES {
+            return Err(SettingsError(format!(
+                "calibration.held_out is {held_out}: give at most {MAX_SAMPLES}"
+            )));
+        }
+        if let Some(min) = self.min_agreement {
+            if !(0.0..=1.0).contains(&min) {
+                return Err(SettingsError(format!(
+                    "calibration.min_agreement is {min}: give a share between 0 and 1"
+                )));
+            }
+            if held_out == 0 {
+                return Err(SettingsError(
+                    "calibration.min_agreement is judged on held-out canvases: held_out must be at least 1"
+                        .into(),
+                ));
+            }
+        }
         Ok(Some(OnlineCalibration {
             samples,
             every,
@@ -129,6 +156,8 @@ impl CalibrationFile {
                 ..Selection::default()
             },
             threads,
+            held_out,
+            min_agreement: self.min_agreement,
             model_dir: model_dir.to_path_buf(),
         }))
     }
@@ -150,14 +179,16 @@ mod tests {
     #[test]
     fn online_takes_the_defaults_of_the_command() {
         let c = resolve("calibration = { mode = \"online\" }").unwrap().unwrap();
-        assert_eq!((c.samples, c.every, c.threads), (500, 1, 1));
+        assert_eq!((c.samples, c.every, c.threads, c.held_out), (500, 1, 1, 20));
+        assert_eq!(c.min_agreement, None);
         assert_eq!(c.method, CalibrationMethod::MinMax);
         assert_eq!(c.activations, ActivationType::Uint8);
         assert_eq!(c.selection.exclude, [DEFAULT_EXCLUDE]);
         assert_eq!(c.model_dir, Path::new("/repo/m"));
         let c = resolve(
             "calibration = { mode = \"online\", samples = 50, every = 3, method = \"percentile\", \
-             percentile = 99.9, activations = \"int8\", exclude = [\"/model.23/\"], threads = 2 }",
+             percentile = 99.9, activations = \"int8\", exclude = [\"/model.23/\"], threads = 2, \
+             held_out = 5, min_agreement = 0.8 }",
         )
         .unwrap()
         .unwrap();
@@ -165,6 +196,7 @@ mod tests {
         assert_eq!(c.method, CalibrationMethod::Percentile(99.9));
         assert_eq!(c.activations, ActivationType::Int8);
         assert_eq!(c.selection.exclude, ["/model.23/"]);
+        assert_eq!((c.held_out, c.min_agreement), (5, Some(0.8)));
     }
 
     #[test]
@@ -203,6 +235,11 @@ mod tests {
         assert!(err("calibration = { mode = \"online\", activations = \"fp8\" }")
             .contains("not one of uint8, int8"));
         assert!(err("calibration = { mode = \"online\", threads = 0 }").contains("threads must be"));
+        assert!(err("calibration = { mode = \"online\", min_agreement = 1.5 }").contains("between 0 and 1"));
+        assert!(
+            err("calibration = { mode = \"online\", held_out = 0, min_agreement = 0.5 }")
+                .contains("held_out must be at least 1")
+        );
         assert!(err("calibration = { mode = \"online\", sample = 5 }").contains("unknown field `sample`"));
     }
 }

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod geometry;
 pub mod model;
 pub mod params;
+pub mod parity;
 
 pub use clock::{ManualWallClock, SystemWallClock, WallClock};
 pub use geometry::{BBox, Detection};

@@ -12,7 +12,10 @@ use peregrine_onnx::quantize::{
     calibration_graph, quantize_qdq, QdqOptions, TensorHistogram, METADATA_PREFIX,
 };
 
+use peregrine_types::parity::Parity;
+
 use super::OnlineCalibration;
+use crate::settings::ModelSettings;
 use crate::store::Weights;
 
 /// Everything one calibration needs besides the engine's canvases.
@@ -40,6 +43,9 @@ pub(crate) enum Outcome {
     AlreadyCalibrated(u64),
     /// The version is itself a quantized model.
     AlreadyQuantized,
+    /// The INT8 model agreed with the float one on the held-out canvases less than
+    /// `min_agreement` asks; nothing was published.
+    Disagreed(Parity),
     /// The engine stopped (retired or unloaded) before the sample was complete.
     EngineStopped {
         seen: usize,
@@ -55,7 +61,8 @@ pub(crate) fn start(
     engine: &Engine,
     done: impl FnOnce(&Job, Outcome) + Send + 'static,
 ) -> std::io::Result<()> {
-    let (sampler, canvases) = canvas_sample(job.calibration.samples, job.calibration.every);
+    let wanted = job.calibration.samples + job.calibration.held_out;
+    let (sampler, canvases) = canvas_sample(wanted, job.calibration.every);
     if engine.sample_canvases(sampler).is_err() {
         // One sampler per engine: a second start for the same engine has nothing to do.
         return Ok(());
@@ -71,25 +78,83 @@ pub(crate) fn start(
     Ok(())
 }
 
-fn run(job: &Job, canvases: CanvasReceiver, (width, height): (usize, usize)) -> Outcome {
-    let bytes = match job.weights.read() {
-        Ok(b) => b,
-        Err(e) => return Outcome::Failed(e),
-    };
-    match calibrated_before(job, &bytes) {
-        Ok(Some(outcome)) => return outcome,
-        Ok(None) => {}
-        Err(e) => return Outcome::Failed(e),
+fn run(job: &Job, canvases: CanvasReceiver, dims: (usize, usize)) -> Outcome {
+    match calibrate_and_publish(job, canvases, dims) {
+        Ok(version) => Outcome::Published(version),
+        Err(outcome) => outcome,
+    }
+}
+
+/// The whole calibration; every way it can end short of publishing is the `Err`.
+fn calibrate_and_publish(job: &Job, canvases: CanvasReceiver, dims: (usize, usize)) -> Result<u64, Outcome> {
+    let bytes = job.weights.read().map_err(Outcome::Failed)?;
+    if let Some(outcome) = calibrated_before(job, &bytes).map_err(Outcome::Failed)? {
+        return Err(outcome);
     }
     let c = &job.calibration;
-    let (plan, graph) = match calibration_graph(&bytes, &c.selection) {
-        Ok(p) => p,
-        Err(e) => return Outcome::Failed(format!("the model cannot be quantized: {e}")),
+    let (ranges, seen) = sample_ranges(job, &bytes, &canvases, dims)?;
+    let mut held = Vec::with_capacity(c.held_out);
+    while held.len() < c.held_out {
+        let canvas = canvases.recv().ok_or(Outcome::EngineStopped {
+            seen: seen + held.len(),
+        })?;
+        held.push(canvas);
+    }
+    drop(canvases);
+    let mut metadata = vec![
+        ("method".into(), c.method.name()),
+        ("samples".into(), seen.to_string()),
+        ("date".into(), jiff::Timestamp::now().to_string()),
+        ("source_sha256".into(), job.source_sha256.clone()),
+        ("source_version".into(), job.version.to_string()),
+        ("calibration".into(), "online".into()),
+    ];
+    let quantize = |metadata: &[(String, String)]| {
+        let options = QdqOptions {
+            selection: c.selection.clone(),
+            activations: c.activations,
+            metadata: metadata.to_vec(),
+        };
+        quantize_qdq(&bytes, &ranges, &options)
+            .map(|q| q.model)
+            .map_err(|e| Outcome::Failed(format!("writing the QDQ model: {e}")))
     };
-    let mut session = match ActivationSession::from_bytes(&graph, c.threads, job.runtime_path.as_deref()) {
-        Ok(s) => s,
-        Err(e) => return Outcome::Failed(format!("building the calibration session: {e}")),
-    };
+    let mut quantized = quantize(&metadata)?;
+    if !held.is_empty() {
+        let parity = agreement(job, &bytes, &quantized, &held, dims)
+            .map_err(|e| Outcome::Failed(format!("comparing with the float model: {e}")))?;
+        tracing::info!(model = %job.name, version = job.version, "online calibration: {parity}");
+        if !agrees_enough(&parity, c.min_agreement) {
+            return Err(Outcome::Disagreed(parity));
+        }
+        metadata.extend([
+            ("held_out".into(), parity.images.to_string()),
+            ("agreement_recall".into(), format!("{:.4}", parity.recall())),
+            ("agreement_precision".into(), format!("{:.4}", parity.precision())),
+        ]);
+        // The same model again, with the figures in its metadata.
+        quantized = quantize(&metadata)?;
+    }
+    publish(&c.model_dir, &job.model_file, job.version, &quantized)
+        .map_err(|e| Outcome::Failed(format!("publishing into {}: {e}", c.model_dir.display())))
+}
+
+/// Each calibrated tensor's range, by name.
+type Ranges = HashMap<String, (f32, f32)>;
+
+/// Runs the first `samples` canvases through the calibration graph; each activation's
+/// range by the method, and how many canvases were run.
+fn sample_ranges(
+    job: &Job,
+    bytes: &[u8],
+    canvases: &CanvasReceiver,
+    (width, height): (usize, usize),
+) -> Result<(Ranges, usize), Outcome> {
+    let c = &job.calibration;
+    let (plan, graph) = calibration_graph(bytes, &c.selection)
+        .map_err(|e| Outcome::Failed(format!("the model cannot be quantized: {e}")))?;
+    let mut session = ActivationSession::from_bytes(&graph, c.threads, job.runtime_path.as_deref())
+        .map_err(|e| Outcome::Failed(format!("building the calibration session: {e}")))?;
     drop(graph);
     tracing::info!(model = %job.name, version = job.version, samples = c.samples, method = %c.method.name(), "online calibration started: sampling the version's canvases");
     let mut histograms: HashMap<String, TensorHistogram> = plan
@@ -100,48 +165,61 @@ fn run(job: &Job, canvases: CanvasReceiver, (width, height): (usize, usize)) -> 
     let mut input = vec![0f32; 3 * width * height];
     let mut seen = 0;
     while seen < c.samples {
-        let Some(canvas) = canvases.recv() else {
-            return Outcome::EngineStopped { seen };
-        };
+        let canvas = canvases.recv().ok_or(Outcome::EngineStopped { seen })?;
         peregrine_vision::normalize::rgb8_to_planar_f32(&canvas, &mut input);
-        let ran = session.run(&input, [1, 3, height, width], |name, values| {
-            if let Some(h) = histograms.get_mut(name) {
-                h.add(values);
-            }
-        });
-        if let Err(e) = ran {
-            return Outcome::Failed(format!("running the calibration graph: {e}"));
-        }
+        session
+            .run(&input, [1, 3, height, width], |name, values| {
+                if let Some(h) = histograms.get_mut(name) {
+                    h.add(values);
+                }
+            })
+            .map_err(|e| Outcome::Failed(format!("running the calibration graph: {e}")))?;
         seen += 1;
         if seen.is_multiple_of((c.samples / 10).max(1)) && seen < c.samples {
             tracing::info!(model = %job.name, version = job.version, seen, of = c.samples, "online calibration sampling");
         }
     }
-    drop((session, canvases));
-    let ranges: HashMap<String, (f32, f32)> = histograms
+    let ranges = histograms
         .iter()
         .map(|(name, h)| (name.clone(), h.range(c.method)))
         .collect();
-    let options = QdqOptions {
-        selection: c.selection.clone(),
-        activations: c.activations,
-        metadata: vec![
-            ("method".into(), c.method.name()),
-            ("samples".into(), seen.to_string()),
-            ("date".into(), jiff::Timestamp::now().to_string()),
-            ("source_sha256".into(), job.source_sha256.clone()),
-            ("source_version".into(), job.version.to_string()),
-            ("calibration".into(), "online".into()),
-        ],
-    };
-    let quantized = match quantize_qdq(&bytes, &ranges, &options) {
-        Ok(q) => q,
-        Err(e) => return Outcome::Failed(format!("writing the QDQ model: {e}")),
-    };
-    match publish(&c.model_dir, &job.model_file, job.version, &quantized.model) {
-        Ok(v) => Outcome::Published(v),
-        Err(e) => Outcome::Failed(format!("publishing into {}: {e}", c.model_dir.display())),
+    Ok((ranges, seen))
+}
+
+/// Whether `parity` passes `min_agreement`: recall and precision both reach it.
+fn agrees_enough(parity: &Parity, min_agreement: Option<f64>) -> bool {
+    min_agreement.is_none_or(|min| parity.recall().min(parity.precision()) >= min)
+}
+
+/// The detections of the float and the quantized model on the held-out canvases, compared
+/// (on the CPU, with the calibration's threads, at this thread's priority).
+fn agreement(
+    job: &Job,
+    float: &[u8],
+    quantized: &[u8],
+    held: &[Vec<u8>],
+    (width, height): (usize, usize),
+) -> Result<Parity, String> {
+    let mut settings = ModelSettings::default();
+    settings.session.intra_threads = job.calibration.threads;
+    settings.session.runtime_path = job.runtime_path.clone();
+    settings.engine.policy.max_batch = 1;
+    settings.detector.imgsz = Some((height, width));
+    let build = |weights: &[u8]| crate::build::build_detector(weights, &settings).map_err(|e| e.to_string());
+    let (mut float, mut int8) = (build(float)?, build(quantized)?);
+    let params = peregrine_types::DetectParams::default();
+    let mut parity = Parity::default();
+    for canvas in held {
+        // A canvas is already the model's input size: its letterbox changes nothing, and
+        // both models' boxes are in canvas pixels.
+        let view =
+            [peregrine_vision::ImageView::packed(canvas, width, height)
+                .ok_or("a sampled canvas is short")?];
+        let (f, _) = float.detect(&view, &params).map_err(|e| e.to_string())?;
+        let (q, _) = int8.detect(&view, &params).map_err(|e| e.to_string())?;
+        parity.add(&f[0], &q[0]);
     }
+    Ok(parity)
 }
 
 /// Whether there is nothing to do: the weights are a quantized model themselves, or a
@@ -274,6 +352,26 @@ mod tests {
             .collect();
         assert!(hidden.is_empty(), "{hidden:?}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn both_recall_and_precision_must_reach_the_minimum() {
+        let parity = Parity {
+            images: 2,
+            reference: 10,
+            candidate: 8,
+            matched: 8,
+        };
+        // Recall 0.8, precision 1.0.
+        assert!(agrees_enough(&parity, None));
+        assert!(agrees_enough(&parity, Some(0.8)));
+        assert!(!agrees_enough(&parity, Some(0.81)));
+        let none_found = Parity {
+            candidate: 0,
+            matched: 0,
+            ..parity
+        };
+        assert!(!agrees_enough(&none_found, Some(0.1)));
     }
 
     #[test]

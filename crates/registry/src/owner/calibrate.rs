@@ -118,6 +118,9 @@ impl Owner {
                     "online calibration skipped: the version is quantized"
                 )
             }
+            Outcome::Disagreed(parity) => {
+                tracing::warn!(model, version, "online calibration not published: below min_agreement, {parity}; the float version keeps serving (a restart calibrates again)")
+            }
             Outcome::EngineStopped { seen } => {
                 tracing::info!(model, version, seen, "online calibration abandoned: the version stopped serving before the sample was complete")
             }
