@@ -53,6 +53,20 @@ pub(crate) enum Outcome {
     Failed(String),
 }
 
+impl Outcome {
+    /// The outcome as `peregrine_calibrations_total` labels it.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Self::Published(_) => "published",
+            Self::AlreadyCalibrated(_) => "already_calibrated",
+            Self::AlreadyQuantized => "already_quantized",
+            Self::Disagreed(_) => "disagreed",
+            Self::EngineStopped { .. } => "engine_stopped",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
 /// Attaches a sampler of `job.calibration.samples` canvases to `engine` and starts the
 /// thread; `done` is called on it with the outcome. The thread holds no engine: when the
 /// engine stops, its sampler goes and the sample ends.
@@ -175,6 +189,8 @@ fn sample_ranges(
             })
             .map_err(|e| Outcome::Failed(format!("running the calibration graph: {e}")))?;
         seen += 1;
+        metrics::gauge!("peregrine_calibration_samples", "model" => job.name.clone(), "version" => job.version.to_string())
+            .set(seen as f64);
         if seen.is_multiple_of((c.samples / 10).max(1)) && seen < c.samples {
             tracing::info!(model = %job.name, version = job.version, seen, of = c.samples, "online calibration sampling");
         }

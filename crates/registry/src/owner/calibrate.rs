@@ -91,6 +91,8 @@ impl Owner {
     /// Logs how a calibration ended; a published version is loaded at once.
     pub(super) async fn calibration_finished(&mut self, f: Finished) {
         let (model, version) = (f.name.as_str(), f.version);
+        metrics::counter!("peregrine_calibrations_total", "model" => model.to_string(), "outcome" => f.outcome.label())
+            .increment(1);
         match f.outcome {
             Outcome::Published(new) => {
                 tracing::info!(
