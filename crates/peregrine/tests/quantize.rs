@@ -259,11 +259,15 @@ async fn online_calibration_publishes_and_serves_an_int8_version() {
 
     version_2_finds_the_people_on_the_bus(&client, &detect, bus).await;
     assert_eq!(
-        server.metric("peregrine_calibrations_total", "outcome=\"published\"").await,
+        server
+            .metric("peregrine_calibrations_total", "outcome=\"published\"")
+            .await,
         1.0
     );
     assert_eq!(
-        server.metric("peregrine_calibration_samples", "version=\"1\"").await,
+        server
+            .metric("peregrine_calibration_samples", "version=\"1\"")
+            .await,
         3.0
     );
     // Version 2 is quantized: nothing calibrates it again, and no staging is left behind.

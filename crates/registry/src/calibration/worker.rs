@@ -283,6 +283,7 @@ fn versions(model_dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
 /// the next number only once complete, so a poll never sees half a file.
 fn publish(model_dir: &Path, model_file: &str, source: u64, model: &[u8]) -> std::io::Result<u64> {
     use std::io::Write;
+    remove_abandoned_staging(model_dir);
     let staging = model_dir.join(format!(".calibrating-{source}-{}", std::process::id()));
     std::fs::create_dir_all(&staging)?;
     let written = (|| {
@@ -322,6 +323,28 @@ fn publish(model_dir: &Path, model_file: &str, source: u64, model: &[u8]) -> std
     Err(std::io::Error::other("no free version number after 16 tries"))
 }
 
+/// Removes the staging directories of servers that died while writing (their process is
+/// gone), so that a crash mid-write leaves nothing behind for long.
+fn remove_abandoned_staging(model_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(model_dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(".calibrating-"))
+            .and_then(|rest| rest.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Puts this thread (and the ONNX Runtime threads it starts, which inherit it) at the
 /// lowest priority Linux has: `SCHED_IDLE` runs only on cores nothing else wants, so the
 /// serving threads never wait for calibration. Where that is refused, nice 19.
@@ -358,15 +381,21 @@ mod tests {
         std::fs::create_dir_all(dir.join("1")).unwrap();
         std::fs::create_dir_all(dir.join("3")).unwrap();
         std::fs::create_dir_all(dir.join("notes")).unwrap();
+        // A staging directory of a process that is gone, and one of a live process (this
+        // one, as if another calibration were writing).
+        std::fs::create_dir_all(dir.join(".calibrating-1-4000000000")).unwrap();
+        let live = dir.join(format!(".calibrating-2-{}", std::process::id()));
+        std::fs::create_dir_all(&live).unwrap();
         assert_eq!(publish(&dir, "model.onnx", 1, b"int8").unwrap(), 4);
         assert_eq!(std::fs::read(dir.join("4/model.onnx")).unwrap(), b"int8");
         assert_eq!(publish(&dir, "model.onnx", 1, b"again").unwrap(), 5);
         let hidden: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| e.path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with('.'))
             .collect();
-        assert!(hidden.is_empty(), "{hidden:?}");
+        assert_eq!(hidden, [live], "only the live process's staging is left");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
