@@ -14,11 +14,11 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use peregrine_backend::activations::ActivationSession;
 use peregrine_onnx::quantize::{
     calibration_graph, calibration_table, quantize_qdq, ActivationType, CalibrationMethod, QdqOptions,
-    Selection, TensorHistogram,
+    Selection,
 };
+use peregrine_registry::calibration::Calibrator;
 use peregrine_vision::{decode_image, DetectorSpec, ImageView, LetterboxCanvas};
 use sha2::Digest;
 
@@ -203,17 +203,19 @@ pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
     let float = crate::model::load_detector(&args.model_args(&args.model)?, 4, None)
         .context("loading the float model")?;
     let spec = float.spec().clone();
-    let mut session =
-        ActivationSession::from_bytes(&calibration_model, args.threads, args.ort_lib.as_deref())
-            .context("building the calibration session")?;
     let method = args.method();
-    let histograms = calibrate(&mut session, &spec, &paths, &plan.tensors, method)?;
+    let mut calibrator = Calibrator::new(
+        &calibration_model,
+        &plan.tensors,
+        method,
+        args.threads,
+        args.ort_lib.as_deref(),
+        (spec.input_width, spec.input_height),
+    )
+    .context("building the calibration session")?;
+    calibrate(&mut calibrator, &spec, &paths)?;
     let calibration_s = started.elapsed().as_secs_f64();
-
-    let ranges: HashMap<String, (f32, f32)> = histograms
-        .iter()
-        .map(|(name, h)| (name.clone(), h.range(method)))
-        .collect();
+    let ranges = calibrator.ranges();
     let mut options = QdqOptions {
         selection: args.selection(),
         activations: match args.activations {
@@ -335,19 +337,8 @@ fn search_float(
     Ok(search.kept())
 }
 
-/// Runs every calibration image through the calibration graph and collects each tensor's
-/// histogram.
-fn calibrate(
-    session: &mut ActivationSession,
-    spec: &DetectorSpec,
-    paths: &[PathBuf],
-    tensors: &[String],
-    method: CalibrationMethod,
-) -> Result<HashMap<String, TensorHistogram>> {
-    let mut histograms: HashMap<String, TensorHistogram> = tensors
-        .iter()
-        .map(|t| (t.clone(), TensorHistogram::for_method(method)))
-        .collect();
+/// Runs every calibration image, through the server's letterbox, into `calibrator`.
+fn calibrate(calibrator: &mut Calibrator, spec: &DetectorSpec, paths: &[PathBuf]) -> Result<()> {
     let progress = ProgressBar::new(paths.len() as u64);
     progress.set_style(
         ProgressStyle::with_template("calibrating {bar:40} {pos}/{len} images, {per_sec}, eta {eta}")
@@ -355,23 +346,13 @@ fn calibrate(
     );
     let mut scratch = LetterboxCanvas::new();
     let mut canvas = Vec::new();
-    let mut input = vec![0f32; 3 * spec.input_width * spec.input_height];
     for path in paths {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let img = decode_image(&bytes, Default::default()).with_context(|| path.display().to_string())?;
         peregrine_engine::Detector::prepare(spec, ImageView::from(&img.rgb), &mut scratch, &mut canvas);
-        peregrine_vision::normalize::rgb8_to_planar_f32(&canvas, &mut input);
-        session.run(
-            &input,
-            [1, 3, spec.input_height, spec.input_width],
-            |name, values| {
-                if let Some(h) = histograms.get_mut(name) {
-                    h.add(values);
-                }
-            },
-        )?;
+        calibrator.add(&canvas)?;
         progress.inc(1);
     }
     progress.finish_and_clear();
-    Ok(histograms)
+    Ok(())
 }

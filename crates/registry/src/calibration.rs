@@ -10,9 +10,14 @@
 //! already calibrated from the same weights (the quantized file records its source's
 //! SHA-256), so a restart, a reload or the published version itself starts nothing.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use peregrine_onnx::quantize::{ActivationType, CalibrationMethod, Selection, DEFAULT_EXCLUDE};
+use peregrine_backend::activations::ActivationSession;
+use peregrine_backend::BackendError;
+use peregrine_onnx::quantize::{
+    ActivationType, CalibrationMethod, Selection, TensorHistogram, DEFAULT_EXCLUDE,
+};
 use serde::Deserialize;
 
 use crate::settings::SettingsError;
@@ -22,6 +27,64 @@ pub(crate) mod worker;
 /// Most canvases one calibration may ask for (each run once through the calibration
 /// graph; 500 take about a minute of one core at 640x640).
 const MAX_SAMPLES: usize = 100_000;
+
+/// Each calibrated tensor's range, by name.
+pub type Ranges = HashMap<String, (f32, f32)>;
+
+/// Canvases through a model's calibration graph (`peregrine_onnx::quantize::
+/// calibration_graph`), each measured tensor's statistics kept for `method`: what both
+/// `peregrine quantize` and the online worker feed their canvases to.
+pub struct Calibrator {
+    session: ActivationSession,
+    histograms: HashMap<String, TensorHistogram>,
+    method: CalibrationMethod,
+    /// One canvas as the graph's planar float input.
+    input: Vec<f32>,
+    shape: [usize; 4],
+}
+
+impl Calibrator {
+    /// A CPU session of `graph` with `threads` intra-op threads, measuring `tensors`, for
+    /// canvases of `width` x `height`.
+    pub fn new(
+        graph: &[u8],
+        tensors: &[String],
+        method: CalibrationMethod,
+        threads: usize,
+        runtime_path: Option<&Path>,
+        (width, height): (usize, usize),
+    ) -> Result<Self, BackendError> {
+        Ok(Self {
+            session: ActivationSession::from_bytes(graph, threads, runtime_path)?,
+            histograms: tensors
+                .iter()
+                .map(|t| (t.clone(), TensorHistogram::for_method(method)))
+                .collect(),
+            method,
+            input: vec![0f32; 3 * width * height],
+            shape: [1, 3, height, width],
+        })
+    }
+
+    /// Runs one letterboxed canvas (interleaved RGB8) and adds what each tensor held.
+    pub fn add(&mut self, canvas: &[u8]) -> Result<(), BackendError> {
+        peregrine_vision::normalize::rgb8_to_planar_f32(canvas, &mut self.input);
+        let histograms = &mut self.histograms;
+        self.session.run(&self.input, self.shape, |name, values| {
+            if let Some(h) = histograms.get_mut(name) {
+                h.add(values);
+            }
+        })
+    }
+
+    /// Each tensor's range by the method.
+    pub fn ranges(&self) -> Ranges {
+        self.histograms
+            .iter()
+            .map(|(name, h)| (name.clone(), h.range(self.method)))
+            .collect()
+    }
+}
 
 /// `calibration = { ... }` as a model's `config.toml` spells it.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]

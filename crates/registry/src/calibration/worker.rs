@@ -2,19 +2,16 @@
 //! engine's sampled canvases, runs each through the calibration graph, and publishes the
 //! quantized model as the model's next version.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use peregrine_backend::activations::ActivationSession;
 use peregrine_engine::sample::{canvas_sample, CanvasReceiver};
 use peregrine_engine::Engine;
-use peregrine_onnx::quantize::{
-    calibration_graph, quantize_qdq, QdqOptions, TensorHistogram, METADATA_PREFIX,
-};
+use peregrine_onnx::quantize::{calibration_graph, quantize_qdq, QdqOptions, METADATA_PREFIX};
 
 use peregrine_types::parity::Parity;
 
-use super::OnlineCalibration;
+use super::{Calibrator, OnlineCalibration, Ranges};
 use crate::settings::ModelSettings;
 use crate::store::Weights;
 
@@ -153,40 +150,33 @@ fn calibrate_and_publish(job: &Job, canvases: CanvasReceiver, dims: (usize, usiz
         .map_err(|e| Outcome::Failed(format!("publishing into {}: {e}", c.model_dir.display())))
 }
 
-/// Each calibrated tensor's range, by name.
-type Ranges = HashMap<String, (f32, f32)>;
-
 /// Runs the first `samples` canvases through the calibration graph; each activation's
 /// range by the method, and how many canvases were run.
 fn sample_ranges(
     job: &Job,
     bytes: &[u8],
     canvases: &CanvasReceiver,
-    (width, height): (usize, usize),
+    dims: (usize, usize),
 ) -> Result<(Ranges, usize), Outcome> {
     let c = &job.calibration;
     let (plan, graph) = calibration_graph(bytes, &c.selection)
         .map_err(|e| Outcome::Failed(format!("the model cannot be quantized: {e}")))?;
-    let mut session = ActivationSession::from_bytes(&graph, c.threads, job.runtime_path.as_deref())
-        .map_err(|e| Outcome::Failed(format!("building the calibration session: {e}")))?;
+    let mut calibrator = Calibrator::new(
+        &graph,
+        &plan.tensors,
+        c.method,
+        c.threads,
+        job.runtime_path.as_deref(),
+        dims,
+    )
+    .map_err(|e| Outcome::Failed(format!("building the calibration session: {e}")))?;
     drop(graph);
     tracing::info!(model = %job.name, version = job.version, samples = c.samples, method = %c.method.name(), "online calibration started: sampling the version's canvases");
-    let mut histograms: HashMap<String, TensorHistogram> = plan
-        .tensors
-        .iter()
-        .map(|t| (t.clone(), TensorHistogram::for_method(c.method)))
-        .collect();
-    let mut input = vec![0f32; 3 * width * height];
     let mut seen = 0;
     while seen < c.samples {
         let canvas = canvases.recv().ok_or(Outcome::EngineStopped { seen })?;
-        peregrine_vision::normalize::rgb8_to_planar_f32(&canvas, &mut input);
-        session
-            .run(&input, [1, 3, height, width], |name, values| {
-                if let Some(h) = histograms.get_mut(name) {
-                    h.add(values);
-                }
-            })
+        calibrator
+            .add(&canvas)
             .map_err(|e| Outcome::Failed(format!("running the calibration graph: {e}")))?;
         seen += 1;
         metrics::gauge!("peregrine_calibration_samples", "model" => job.name.clone(), "version" => job.version.to_string())
@@ -195,11 +185,7 @@ fn sample_ranges(
             tracing::info!(model = %job.name, version = job.version, seen, of = c.samples, "online calibration sampling");
         }
     }
-    let ranges = histograms
-        .iter()
-        .map(|(name, h)| (name.clone(), h.range(c.method)))
-        .collect();
-    Ok((ranges, seen))
+    Ok((calibrator.ranges(), seen))
 }
 
 /// Whether `parity` passes `min_agreement`: recall and precision both reach it.
