@@ -7,8 +7,13 @@
 #   scripts/gpu-video-bench.sh BIN_DIR CLIPS_DIR OUT_DIR
 #
 # BIN_DIR holds release builds of `peregrine` and the video crate's examples
-# `decoder_parity` and `capacity`; CLIPS_DIR the clips of scripts/make-video-corpus.sh (and
-# any others to compare). STEPS (default "parity decode serve churn") picks the parts;
+# `decoder_parity` and `capacity` (and the binary crate's `gpu_frames_parity` for the
+# `frames` step); CLIPS_DIR the clips of scripts/make-video-corpus.sh (and any others to
+# compare). STEPS (default "parity decode serve churn") picks the parts, among them also
+# `frames` (canvases made on the GPU from NVDEC's surfaces against the CPU path's, every
+# picture of every clip, without ONNX Runtime) and `gpuframes` (the 1080p sweep with
+# detection, NVDEC decoding, without and with --gpu-frames; GPU_FRAMES_STREAMS, default
+# 50,100,125);
 # DECODE_STREAMS_CPU / DECODE_STREAMS_NVDEC and SERVE_STREAMS_CPU / SERVE_STREAMS_NVDEC the
 # stream counts of the capacity sweeps (1080p25 clip, every frame), DECODE_STREAMS_720 and
 # SERVE_STREAMS_720 those of the NVDEC sweeps of the 720p25 clip; churn adds and removes
@@ -82,6 +87,25 @@ if [[ " $steps " == *" serve "* ]]; then
             --streams "${SERVE_STREAMS_720:-200}" --seconds 10 --settle "$warmup" --decoder auto -- "${flags[@]}" \
             2>"$out/serve-720.log" | tee -a "$results"
     fi
+fi
+
+if [[ " $steps " == *" frames "* ]]; then
+    say ""
+    say "## Frames letterboxed on the GPU against the CPU path (gpu_frames_parity, every picture)"
+    timeout 400 "$bin/gpu_frames_parity" "$clips"/*.mp4 2>"$out/frames.log" | quiet | tee -a "$results"
+fi
+
+if [[ " $steps " == *" gpuframes "* ]]; then
+    flags=(--provider cuda --threads 1 --prefer-nhwc --instances 8 --max-batch 16
+        --padded-batch-sizes 1,2,4,8,12,16 --session-per-batch-size true --max-queue-delay-us 4000)
+    for extra in "" "--gpu-frames"; do
+        say ""
+        say "## Streams with detection, NVDEC, $(basename "$clip1080") every frame, ${extra:-frames to the host} (bench-video.py; ${flags[*]})"
+        # shellcheck disable=SC2086 # an empty $extra adds no word
+        timeout 540 python3 "$root/scripts/bench-video.py" --bin "$bin/peregrine" --clip "$clip1080" --fps 0 \
+            --streams "${GPU_FRAMES_STREAMS:-50,100,125}" --seconds 10 --settle "$warmup" --decoder auto \
+            -- "${flags[@]}" $extra 2>"$out/gpuframes${extra:+-on}.log" | tee -a "$results"
+    done
 fi
 
 if [[ " $steps " == *" churn "* ]]; then

@@ -12,6 +12,7 @@
 #   newer glibc (scripts/fetch-perf-analyzer.sh);
 # - the video tests' RTSP server (GStreamer), MQTT broker (mosquitto) and H.265 test clip
 #   (scripts/setup-video-peers.sh);
+# - NVRTC in .cache/nvrtc (scripts/fetch-nvrtc.sh), to compile the GPU kernels in a test;
 # - promtool, from Debian's prometheus package, for the alert rules and dashboard queries in
 #   deploy/ (tests/deploy/test_monitoring.py).
 # Idempotent: reinstalls the environment only when the requirements change.
@@ -42,6 +43,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$console"
     echo "$want" >"$stamp"
 fi
+
+# NVRTC, for the backend's test that compiles the GPU kernels without a GPU.
+PYTHON="$venv/bin/python" scripts/fetch-nvrtc.sh .cache/nvrtc
 
 if ! command -v promtool >/dev/null 2>&1; then
     echo "setup-test: installing prometheus (for promtool)" >&2

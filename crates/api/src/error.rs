@@ -71,7 +71,8 @@ impl ApiError {
             RequestError::NotReady { .. } | RequestError::ShuttingDown | RequestError::NoInstances { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            RequestError::Inference(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            // Only the video pipeline sends frames in GPU memory: a server fault.
+            RequestError::Inference(_) | RequestError::FrameNotTaken(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -147,7 +148,7 @@ impl ApiError {
                 RequestError::NotReady { .. }
                 | RequestError::ShuttingDown
                 | RequestError::NoInstances { .. } => Code::Unavailable,
-                RequestError::Inference(_) => Code::Internal,
+                RequestError::Inference(_) | RequestError::FrameNotTaken(_) => Code::Internal,
             },
             Self::Params(_) | Self::BadRequest(_) | Self::UnsupportedMediaType(_) => Code::InvalidArgument,
             Self::BodyTooLarge { .. } => Code::ResourceExhausted,
@@ -207,6 +208,7 @@ impl ApiError {
                 RequestError::ShuttingDown => "shutting_down",
                 RequestError::NoInstances { .. } => "no_instances",
                 RequestError::Inference(_) => "inference_failed",
+                RequestError::FrameNotTaken(_) => "frame_not_taken",
             },
             Self::Params(_) | Self::BadRequest(_) => "bad_request",
             Self::BodyTooLarge { .. } => "body_too_large",

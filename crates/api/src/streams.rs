@@ -67,6 +67,7 @@ fn report_json(r: &StreamReport) -> Value {
             "reconnects": c.reconnects,
         },
         "frames_in_use": r.frames_in_use,
+        "frames_on_gpu": r.frames_on_gpu,
         "decoder": {
             "requested": r.decoder.requested.as_str(),
             "gpu": r.decoder.gpu,

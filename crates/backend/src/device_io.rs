@@ -6,7 +6,8 @@
 //! copies in and out made explicitly (cudaMemcpyAsync on a stream of our own) from and into
 //! page-locked host memory. Fixed addresses are what a CUDA graph needs (a captured graph
 //! replays with the pointers it was captured with), so `--cuda-graph` runs through this, and
-//! it is where JPEGs decoded on the GPU are written (`run_with_jpegs`).
+//! it is where JPEGs decoded on the GPU and video frames already there are written
+//! (`run_with_device_slots`).
 //!
 //! A session behind this runs one input shape: the device tensors are sized for the first
 //! shape seen and a later, different shape replaces them (and, with a CUDA graph, is an
@@ -16,11 +17,12 @@ use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, Memory
 use ort::session::{IoBinding, Session};
 use ort::value::{DynTensor, DynTensorValueType, TensorElementType};
 
-use crate::cuda::jpeg::{ColourConversion, GpuJpegDecoder, JpegSlot};
+use crate::cuda::frames::GpuFrameLetterboxer;
+use crate::cuda::jpeg::{ColourConversion, GpuJpegDecoder};
 use crate::cuda::{self, CopyKind, Stream};
 use crate::ort_backend::read_output;
 use crate::staging::{Element, Staging};
-use crate::{BackendError, InputBuffer, OutputBuffer};
+use crate::{BackendError, DeviceSlots, InputBuffer, OutputBuffer};
 
 fn fail(what: &'static str) -> impl Fn(ort::Error) -> BackendError {
     move |e| BackendError::Inference(format!("{what}: {e}"))
@@ -54,6 +56,8 @@ pub(crate) struct DeviceIo {
     stream: Stream,
     /// Decodes JPEG slots on the device, when asked for.
     jpeg: Option<GpuJpegDecoder>,
+    /// Letterboxes video frames already on the device, when asked for.
+    frames: Option<GpuFrameLetterboxer>,
 }
 
 // SAFETY: every ONNX Runtime and CUDA object here is owned by this value alone and used
@@ -62,12 +66,14 @@ unsafe impl Send for DeviceIo {}
 
 impl DeviceIo {
     /// With `decode_jpeg` (and its colour conversion), JPEGs can be decoded on the device
-    /// straight into the input (see [`DeviceIo::run_with_jpegs`]).
+    /// straight into the input, and with `frames`, NV12 frames in its memory converted
+    /// there (see [`DeviceIo::run_with_device_slots`]).
     pub fn new(
         session: &Session,
         element: Element,
         device: i32,
         decode_jpeg: Option<ColourConversion>,
+        frames: bool,
     ) -> Result<Self, BackendError> {
         let err = |e: ort::Error| BackendError::ModelLoad(format!("device-bound inputs and outputs: {e}"));
         let cuda_err =
@@ -103,6 +109,16 @@ impl DeviceIo {
         } else {
             None
         };
+        let frames = if frames {
+            if element != Element::U8 {
+                return Err(BackendError::ModelLoad(
+                    "taking video frames on the GPU needs the rewritten graph (uint8 canvas input)".into(),
+                ));
+            }
+            Some(GpuFrameLetterboxer::new(device).map_err(cuda_err)?)
+        } else {
+            None
+        };
         let stream = cuda::create_stream().map_err(cuda_err)?;
         Ok(Self {
             device,
@@ -118,11 +134,16 @@ impl DeviceIo {
             output: None,
             stream,
             jpeg,
+            frames,
         })
     }
 
     pub fn decodes_jpeg(&self) -> bool {
         self.jpeg.is_some()
+    }
+
+    pub fn frames_device(&self) -> Option<i32> {
+        self.frames.as_ref().map(|_| self.device)
     }
 
     pub fn buffer(&mut self, len: usize) -> Result<InputBuffer<'_>, BackendError> {
@@ -137,16 +158,17 @@ impl DeviceIo {
         shape: [usize; 4],
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
-        self.run_with_jpegs(session, shape, &[], output)
+        self.run_with_device_slots(session, shape, DeviceSlots::default(), output)
     }
 
-    /// [`DeviceIo::run`], with the slots in `jpegs` decoded and letterboxed on the device
-    /// instead of copied from the host buffer.
-    pub fn run_with_jpegs(
+    /// [`DeviceIo::run`], with the slots in `device` written on the device (JPEGs decoded
+    /// and letterboxed, frames converted and letterboxed) instead of copied from the host
+    /// buffer.
+    pub fn run_with_device_slots(
         &mut self,
         session: &mut Session,
         shape: [usize; 4],
-        jpegs: &[JpegSlot<'_>],
+        device: DeviceSlots<'_>,
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
         cuda::set_device(self.device).map_err(cuda_fail)?;
@@ -167,7 +189,7 @@ impl DeviceIo {
             self.output = None;
             self.input = Some((shape, tensor));
         }
-        self.upload(shape, jpegs)?;
+        self.upload(shape, device)?;
         let first_output = {
             let mut outputs = {
                 let _nvtx = crate::nvtx::range(c"session run");
@@ -208,8 +230,9 @@ impl DeviceIo {
         read_output(&bound.host, output)
     }
 
-    /// Writes the device input: host-written slots copied over, JPEG slots decoded there.
-    fn upload(&mut self, shape: [usize; 4], jpegs: &[JpegSlot<'_>]) -> Result<(), BackendError> {
+    /// Writes the device input: host-written slots copied over, JPEG slots decoded there,
+    /// frame slots converted there.
+    fn upload(&mut self, shape: [usize; 4], device: DeviceSlots<'_>) -> Result<(), BackendError> {
         let n: usize = shape.iter().product();
         if n != self.host_input.len() {
             return Err(BackendError::InputSize {
@@ -227,20 +250,21 @@ impl DeviceIo {
             .ok_or_else(|| BackendError::Inference("device inputs need pinned staging".into()))?;
         let slot_bytes = n / shape[0].max(1) * self.element.size();
         // Contiguous runs of host-written slots, one copy each.
-        let mut is_jpeg = vec![false; shape[0]];
-        for j in jpegs {
-            *is_jpeg.get_mut(j.slot).ok_or_else(|| {
-                BackendError::Inference(format!("JPEG slot {} is outside a batch of {}", j.slot, shape[0]))
+        let mut on_device = vec![false; shape[0]];
+        let places = device.jpegs.iter().map(|j| j.place.slot);
+        for slot in places.chain(device.frames.iter().map(|f| f.place.slot)) {
+            *on_device.get_mut(slot).ok_or_else(|| {
+                BackendError::Inference(format!("device slot {slot} is outside a batch of {}", shape[0]))
             })? = true;
         }
         let mut slot = 0;
         while slot < shape[0] {
-            if is_jpeg[slot] {
+            if on_device[slot] {
                 slot += 1;
                 continue;
             }
             let start = slot;
-            while slot < shape[0] && !is_jpeg[slot] {
+            while slot < shape[0] && !on_device[slot] {
                 slot += 1;
             }
             // SAFETY: both buffers hold the whole batch; the range is inside it.
@@ -256,15 +280,25 @@ impl DeviceIo {
             .map_err(cuda_fail)?;
         }
         cuda::synchronize(&self.stream).map_err(cuda_fail)?;
-        if !jpegs.is_empty() {
+        if !device.jpegs.is_empty() {
             let decoder = self
                 .jpeg
                 .as_mut()
                 .ok_or_else(|| BackendError::Inference("this session does not decode JPEGs".into()))?;
             // SAFETY: the device input is [N, H, W, 3] uint8 on this device (checked at
             // construction) and nothing else writes it until the run.
-            unsafe { decoder.letterbox_into(jpegs, device_ptr, shape[2], shape[1]) }
+            unsafe { decoder.letterbox_into(device.jpegs, device_ptr, shape[2], shape[1]) }
                 .map_err(|e| BackendError::DeviceDecode(e.to_string()))?;
+        }
+        if !device.frames.is_empty() {
+            let letterboxer = self.frames.as_mut().ok_or_else(|| {
+                BackendError::Inference("this session does not take frames in GPU memory".into())
+            })?;
+            // SAFETY: as above for the input; the engine holds each frame (and so its
+            // surface) until the batch is answered, and the decoder finished writing it
+            // before handing it over.
+            unsafe { letterboxer.letterbox_into(device.frames, device_ptr, shape[2], shape[1]) }
+                .map_err(|e| BackendError::Inference(format!("letterboxing frames on the GPU: {e}")))?;
         }
         Ok(())
     }

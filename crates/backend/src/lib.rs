@@ -17,7 +17,9 @@ mod ort_backend;
 pub mod runtime;
 mod staging;
 
+pub use cuda::frames::FrameSlot;
 pub use cuda::jpeg::{ColourConversion, JpegSlot};
+pub use cuda::Placement;
 pub use error::{is_sticky_cuda_error, BackendError};
 pub use ort_backend::{describe, CudaOptions, ExecutionProvider, OrtBackend, SessionConfig, TensorRtOptions};
 use peregrine_types::model::Dim;
@@ -36,6 +38,20 @@ pub enum InputBuffer<'a> {
 pub struct OutputBuffer {
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+}
+
+/// Slots of a batch the device writes itself instead of reading them from the input
+/// buffer: JPEGs it decodes, and video frames already in its memory.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DeviceSlots<'a> {
+    pub jpegs: &'a [JpegSlot<'a>],
+    pub frames: &'a [FrameSlot<'a>],
+}
+
+impl DeviceSlots<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.jpegs.is_empty() && self.frames.is_empty()
+    }
 }
 
 /// A loaded model that runs batches, one at a time, on the calling thread.
@@ -58,9 +74,15 @@ pub trait Backend: Send {
     /// the first output into `output`, reusing its allocation.
     fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError>;
 
-    /// Whether [`Backend::run_with_jpegs`] takes JPEG slots (decoded on the device).
+    /// Whether [`Backend::run_with_device_slots`] takes JPEG slots (decoded on the device).
     fn decodes_jpeg(&self) -> bool {
         false
+    }
+
+    /// The GPU whose NV12 frames [`Backend::run_with_device_slots`] takes (converted and
+    /// letterboxed there), if any.
+    fn frames_device(&self) -> Option<i32> {
+        None
     }
 
     /// The GPU the model runs on (CUDA's device number), `None` on the CPU.
@@ -74,34 +96,40 @@ pub trait Backend: Send {
         2
     }
 
-    /// [`Backend::run`], with the slots listed in `jpegs` given as JPEG files to decode and
-    /// letterbox on the device (their part of the input buffer is not read). Only for
-    /// backends whose [`Backend::decodes_jpeg`] is true; others accept an empty list only.
-    fn run_with_jpegs(
+    /// [`Backend::run`], with the slots listed in `device` written on the device: JPEG
+    /// files decoded and letterboxed there, NV12 frames converted and letterboxed there
+    /// (their part of the input buffer is not read). JPEGs only for backends whose
+    /// [`Backend::decodes_jpeg`] is true, frames only for those with a
+    /// [`Backend::frames_device`]; others accept empty lists only.
+    fn run_with_device_slots(
         &mut self,
         shape: [usize; 4],
-        jpegs: &[JpegSlot<'_>],
+        device: DeviceSlots<'_>,
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
-        run_without_jpegs(self, shape, jpegs, output)
+        run_without_device_slots(self, shape, device, output)
     }
 }
 
-/// [`Backend::run_with_jpegs`] for a backend that cannot decode JPEGs: a batch with none is
-/// an ordinary run, one with any is an error.
-pub(crate) fn run_without_jpegs<B: Backend + ?Sized>(
+/// [`Backend::run_with_device_slots`] for a backend that writes nothing on a device: a
+/// batch without device slots is an ordinary run, one with any is an error.
+pub(crate) fn run_without_device_slots<B: Backend + ?Sized>(
     backend: &mut B,
     shape: [usize; 4],
-    jpegs: &[JpegSlot<'_>],
+    device: DeviceSlots<'_>,
     output: &mut OutputBuffer,
 ) -> Result<(), BackendError> {
-    if jpegs.is_empty() {
-        backend.run(shape, output)
-    } else {
-        Err(BackendError::Inference(
+    if !device.jpegs.is_empty() {
+        return Err(BackendError::Inference(
             "this backend does not decode JPEGs".into(),
-        ))
+        ));
     }
+    if !device.frames.is_empty() {
+        return Err(BackendError::Inference(
+            "this backend does not take frames in GPU memory".into(),
+        ));
+    }
+    backend.run(shape, output)
 }
 
 /// Several sessions of one model, each run at one batch size only.
@@ -177,6 +205,14 @@ impl Backend for PerBatchSize {
         self.sessions.iter().all(|(_, b)| b.decodes_jpeg())
     }
 
+    fn frames_device(&self) -> Option<i32> {
+        let first = self.sessions.first()?.1.frames_device()?;
+        self.sessions
+            .iter()
+            .all(|(_, b)| b.frames_device() == Some(first))
+            .then_some(first)
+    }
+
     fn device(&self) -> Option<i32> {
         self.sessions.first().and_then(|(_, b)| b.device())
     }
@@ -189,12 +225,12 @@ impl Backend for PerBatchSize {
             .unwrap_or(2)
     }
 
-    fn run_with_jpegs(
+    fn run_with_device_slots(
         &mut self,
         shape: [usize; 4],
-        jpegs: &[JpegSlot<'_>],
+        device: DeviceSlots<'_>,
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
-        self.session(shape)?.run_with_jpegs(shape, jpegs, output)
+        self.session(shape)?.run_with_device_slots(shape, device, output)
     }
 }

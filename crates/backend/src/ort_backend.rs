@@ -13,7 +13,7 @@ use crate::cuda::capture::{self, CaptureTurns};
 use crate::cuda::jpeg::ColourConversion;
 use crate::device_io::DeviceIo;
 use crate::staging::{Element, Staging};
-use crate::{runtime, Backend, BackendError, InputBuffer, JpegSlot, OutputBuffer};
+use crate::{runtime, Backend, BackendError, DeviceSlots, InputBuffer, OutputBuffer};
 
 /// Where the model's graph runs.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -109,6 +109,11 @@ pub struct SessionConfig {
     /// With `gpu_jpeg_decode`: whose chroma upsampling and colour conversion make the RGB
     /// (libjpeg-turbo's, exact, by default; or nvJPEG's, faster).
     pub gpu_jpeg_colour: ColourConversion,
+    /// On a CUDA provider, take video frames that are in GPU memory (NV12 surfaces from
+    /// NVDEC) in [`Backend::run_with_device_slots`]: converted and letterboxed by our kernels
+    /// straight into the device input. Implies `device_io`; needs the rewritten graph's
+    /// uint8 input.
+    pub gpu_frames: bool,
     /// Write ONNX Runtime's per-node profile (Chrome trace JSON) to a file starting with
     /// this path, once the session is dropped.
     pub profile: Option<PathBuf>,
@@ -223,12 +228,13 @@ impl OrtBackend {
         let io = match device {
             // No silent fallback here: CUDA graphs replay fixed addresses, which only device
             // IO gives.
-            Some(device) if config.device_io || config.gpu_jpeg_decode || cuda_graph => {
+            Some(device) if config.device_io || config.gpu_jpeg_decode || config.gpu_frames || cuda_graph => {
                 Io::Device(Box::new(DeviceIo::new(
                     &session,
                     element,
                     device,
                     config.gpu_jpeg_decode.then_some(config.gpu_jpeg_colour),
+                    config.gpu_frames,
                 )?))
             }
             Some(device) if config.pinned_input => Io::Staged(
@@ -321,17 +327,17 @@ impl OrtBackend {
         read_output(&outputs[0], output)
     }
 
-    /// [`Backend::run_with_jpegs`], with errors as given (see [`Self::run_session`]).
-    fn run_session_with_jpegs(
+    /// [`Backend::run_with_device_slots`], with errors as given (see [`Self::run_session`]).
+    fn run_session_with_device_slots(
         &mut self,
         shape: [usize; 4],
-        jpegs: &[JpegSlot<'_>],
+        device: DeviceSlots<'_>,
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
         let _turn = self.prepare_run()?;
         match &mut self.io {
-            Io::Device(d) => d.run_with_jpegs(&mut self.session, shape, jpegs, output),
-            Io::Staged(_) => crate::run_without_jpegs(self, shape, jpegs, output),
+            Io::Device(d) => d.run_with_device_slots(&mut self.session, shape, device, output),
+            Io::Staged(_) => crate::run_without_device_slots(self, shape, device, output),
         }
     }
 }
@@ -450,17 +456,24 @@ impl Backend for OrtBackend {
         matches!(&self.io, Io::Device(d) if d.decodes_jpeg())
     }
 
+    fn frames_device(&self) -> Option<i32> {
+        match &self.io {
+            Io::Device(d) => d.frames_device(),
+            Io::Staged(_) => None,
+        }
+    }
+
     fn warm_up_runs(&self) -> usize {
         CaptureTurns::warm_up_runs(self.cuda_graph)
     }
 
-    fn run_with_jpegs(
+    fn run_with_device_slots(
         &mut self,
         shape: [usize; 4],
-        jpegs: &[JpegSlot<'_>],
+        device: DeviceSlots<'_>,
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
-        self.run_session_with_jpegs(shape, jpegs, output)
+        self.run_session_with_device_slots(shape, device, output)
             .map_err(|e| e.on_device(self.device))
     }
 

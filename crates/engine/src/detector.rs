@@ -2,7 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use peregrine_backend::{Backend, BackendError, InputBuffer, JpegSlot, OutputBuffer};
+use peregrine_backend::{
+    Backend, BackendError, DeviceSlots, FrameSlot, InputBuffer, JpegSlot, OutputBuffer, Placement,
+};
 use peregrine_types::{DetectParams, Detection};
 use peregrine_vision::normalize::rgb8_to_planar_f32;
 use peregrine_vision::{
@@ -129,6 +131,14 @@ impl Detector {
     /// Whether JPEG slots ([`Slot::Jpeg`]) are decoded on the device.
     pub fn decodes_jpeg(&self) -> bool {
         self.backend.decodes_jpeg() && self.spec.input_form == InputForm::InterleavedU8
+    }
+
+    /// The GPU whose frames ([`Slot::Frame`]) this detector takes, converted and
+    /// letterboxed there.
+    pub fn frames_device(&self) -> Option<i32> {
+        self.backend
+            .frames_device()
+            .filter(|_| self.spec.input_form == InputForm::InterleavedU8)
     }
 
     pub fn spec(&self) -> &DetectorSpec {
@@ -317,8 +327,9 @@ impl Detector {
         }
     }
 
-    /// Runs the model; JPEG slots go to the device decoder. Returns the JPEG slots that
-    /// could not be decoded (their canvases left gray, their outputs to be ignored).
+    /// Runs the model; JPEG slots go to the device decoder, frame slots to the device's
+    /// letterbox. Returns the JPEG slots that could not be decoded (their canvases left
+    /// gray, their outputs to be ignored).
     fn run_model(
         &mut self,
         shape: [usize; 4],
@@ -328,46 +339,52 @@ impl Detector {
         let tables: Vec<(usize, ResampleTables)> = slots
             .iter()
             .enumerate()
-            .filter_map(|(i, slot)| match slot {
-                Slot::Jpeg {
-                    width,
-                    height,
-                    letterbox,
-                    ..
-                } => Some((i, resample_tables(*width, *height, letterbox))),
-                _ => None,
+            .filter_map(|(i, slot)| {
+                let (width, height, letterbox) = device_geometry(slot)?;
+                Some((i, resample_tables(width, height, letterbox)))
             })
             .collect();
-        let jpegs: Vec<JpegSlot<'_>> = tables
-            .iter()
-            .filter_map(|(i, (columns, rows))| match &slots[*i] {
-                Slot::Jpeg {
-                    data,
-                    width,
-                    height,
-                    letterbox,
-                    ..
-                } => Some(JpegSlot {
-                    slot: *i,
-                    data,
-                    width: *width,
-                    height: *height,
-                    scaled: (letterbox.scaled_width, letterbox.scaled_height),
-                    offset: (letterbox.left, letterbox.top),
-                    pad_value: Letterbox::PAD_VALUE,
-                    columns,
-                    rows,
-                }),
-                _ => None,
-            })
-            .collect();
-        match self.backend.run_with_jpegs(shape, &jpegs, &mut self.output) {
+        let mut jpegs = Vec::new();
+        let mut frames = Vec::new();
+        for (i, (columns, rows)) in &tables {
+            let Some((width, height, letterbox)) = device_geometry(&slots[*i]) else {
+                continue;
+            };
+            let place = Placement {
+                slot: *i,
+                width,
+                height,
+                scaled: (letterbox.scaled_width, letterbox.scaled_height),
+                offset: (letterbox.left, letterbox.top),
+                pad_value: Letterbox::PAD_VALUE,
+                columns,
+                rows,
+            };
+            match &slots[*i] {
+                Slot::Jpeg { data, .. } => jpegs.push(JpegSlot { data, place }),
+                Slot::Frame { image, .. } => frames.push(FrameSlot { image, place }),
+                _ => {}
+            }
+        }
+        let device = DeviceSlots {
+            jpegs: &jpegs,
+            frames: &frames,
+        };
+        match self
+            .backend
+            .run_with_device_slots(shape, device, &mut self.output)
+        {
             Err(BackendError::DeviceDecode(why)) => {
                 // One bad file fails the device's whole batch call: decode this batch's
                 // JPEGs here instead, so only the bad ones fail, each with its own error.
                 tracing::warn!(error = %why, jpegs = jpegs.len(), "GPU JPEG decoding failed; decoding this batch's JPEGs on the CPU");
                 let rejected = self.decode_jpegs_on_host(shape, slots)?;
-                self.backend.run(shape, &mut self.output)?;
+                let frames_only = DeviceSlots {
+                    jpegs: &[],
+                    frames: &frames,
+                };
+                self.backend
+                    .run_with_device_slots(shape, frames_only, &mut self.output)?;
                 Ok(rejected)
             }
             other => {
@@ -449,9 +466,23 @@ impl Detector {
     }
 }
 
+/// The size and letterbox of a slot the device writes itself (a JPEG or a frame).
+fn device_geometry(slot: &Slot) -> Option<(usize, usize, &Letterbox)> {
+    match slot {
+        Slot::Jpeg {
+            width,
+            height,
+            letterbox,
+            ..
+        } => Some((*width, *height, letterbox)),
+        Slot::Frame { image, letterbox, .. } => Some((image.width, image.height, letterbox)),
+        Slot::Canvas { .. } | Slot::Tensor(_) => None,
+    }
+}
+
 fn jpeg_needs_u8() -> EngineError {
     EngineError::Backend(BackendError::Inference(
-        "JPEG slots need a model with a uint8 canvas input".into(),
+        "JPEG and GPU frame slots need a model with a uint8 canvas input".into(),
     ))
 }
 
@@ -465,7 +496,7 @@ fn fill_planar_f32(input: &mut [f32], slots: &[Slot], slot_len: usize) -> Result
                     *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
                 }
             }
-            Slot::Jpeg { .. } => return Err(jpeg_needs_u8()),
+            Slot::Jpeg { .. } | Slot::Frame { .. } => return Err(jpeg_needs_u8()),
         }
     }
     // Unused slots of a fixed-size batch are computed and ignored; zero them so they cost
@@ -481,7 +512,7 @@ fn fill_canvas_u8(input: &mut [u8], slots: &[Slot], slot_len: usize) {
         match slot {
             Slot::Canvas { canvas, .. } => dst.copy_from_slice(canvas),
             Slot::Tensor(bytes) => dst.copy_from_slice(bytes),
-            Slot::Jpeg { .. } => {}
+            Slot::Jpeg { .. } | Slot::Frame { .. } => {}
         }
     }
     input[slots.len() * slot_len..].fill(0);

@@ -4,9 +4,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use peregrine_backend::{Backend, BackendError, InputBuffer, JpegSlot, ModelDescription, OutputBuffer};
+use peregrine_backend::{
+    Backend, BackendError, DeviceSlots, FrameSlot, InputBuffer, ModelDescription, OutputBuffer,
+};
 use peregrine_types::model::ElementType;
 use peregrine_types::{Dim, TensorDescription};
+use peregrine_vision::yuv::Nv12Planes;
 use peregrine_vision::Letterbox;
 
 /// The description of the fake model.
@@ -24,6 +27,14 @@ pub fn description() -> ModelDescription {
         outputs: vec![t("output0", vec![Dim::Dynamic, Dim::Fixed(1), Dim::Fixed(6)])],
         metadata: [("end2end".to_string(), "True".to_string())].into(),
     }
+}
+
+/// The fake model with the rewritten graph's input: a uint8 `[N, 32, 32, 3]` canvas.
+fn canvas_description() -> ModelDescription {
+    let mut description = description();
+    description.inputs[0].element = ElementType::U8;
+    description.inputs[0].dims = vec![Dim::Dynamic, Dim::Fixed(32), Dim::Fixed(32), Dim::Fixed(3)];
+    description
 }
 
 /// Sleeps per batch and records the red value of every image it computed (warm-up's gray
@@ -142,11 +153,8 @@ pub struct DeviceJpegBackend {
 
 impl DeviceJpegBackend {
     pub fn new(device_fails: bool, device_decoded: Arc<Mutex<usize>>) -> Self {
-        let mut description = description();
-        description.inputs[0].element = ElementType::U8;
-        description.inputs[0].dims = vec![Dim::Dynamic, Dim::Fixed(32), Dim::Fixed(32), Dim::Fixed(3)];
         Self {
-            description,
+            description: canvas_description(),
             input: Vec::new(),
             device_fails,
             device_decoded,
@@ -168,12 +176,16 @@ impl Backend for DeviceJpegBackend {
         true
     }
 
-    fn run_with_jpegs(
+    fn run_with_device_slots(
         &mut self,
         shape: [usize; 4],
-        jpegs: &[JpegSlot<'_>],
+        device: DeviceSlots<'_>,
         output: &mut OutputBuffer,
     ) -> Result<(), BackendError> {
+        if !device.frames.is_empty() {
+            return Err(BackendError::Inference("no frames here".into()));
+        }
+        let jpegs = device.jpegs;
         if self.device_fails && !jpegs.is_empty() {
             return Err(BackendError::DeviceDecode("nvjpegDecodeBatched: bad JPEG".into()));
         }
@@ -190,10 +202,10 @@ impl Backend for DeviceJpegBackend {
             );
             assert_eq!(
                 (lb.scaled_width, lb.scaled_height),
-                j.scaled,
+                j.place.scaled,
                 "the engine's geometry"
             );
-            self.input[j.slot * slot..(j.slot + 1) * slot].copy_from_slice(&canvas);
+            self.input[j.place.slot * slot..(j.place.slot + 1) * slot].copy_from_slice(&canvas);
         }
         *self.device_decoded.lock().unwrap() += jpegs.len();
         self.run(shape, output)
@@ -210,6 +222,131 @@ impl Backend for DeviceJpegBackend {
             output
                 .data
                 .extend_from_slice(&[1.0, 1.0, 5.0, 5.0, 0.9, f32::from(red)]);
+        }
+        Ok(())
+    }
+}
+
+/// A model with a uint8 canvas input that "takes frames on GPU `device`": each frame's
+/// description holds host addresses, and it converts and letterboxes them with the GPU
+/// kernels' arithmetic ([`letterbox_frame_on_host`]). The output's class is a checksum of
+/// each slot's whole canvas, so two ways of making a canvas can be compared.
+pub struct DeviceFrameBackend {
+    description: ModelDescription,
+    input: Vec<u8>,
+    pub device: i32,
+    /// Frame slots the "device" letterboxed.
+    pub frames_taken: Arc<Mutex<usize>>,
+}
+
+impl DeviceFrameBackend {
+    pub fn new(device: i32, frames_taken: Arc<Mutex<usize>>) -> Self {
+        Self {
+            description: canvas_description(),
+            input: Vec::new(),
+            device,
+            frames_taken,
+        }
+    }
+}
+
+/// FNV-1a over a canvas, kept within f32's exact integers.
+pub fn canvas_checksum(canvas: &[u8]) -> u32 {
+    let hash = canvas.iter().fold(0x811c_9dc5_u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    hash & 0xFF_FFFF
+}
+
+/// What the `nv12_to_rgb` and `letterbox_bilinear` kernels compute for `frame`, on the
+/// host: `frame.image`'s addresses must be host memory holding its planes.
+///
+/// # Safety
+/// The image's addresses and pitches must describe live host memory.
+pub unsafe fn letterbox_frame_on_host(frame: &FrameSlot<'_>, canvas: &mut [u8], canvas_width: usize) {
+    let image = frame.image;
+    let (w, h) = (image.width, image.height);
+    // SAFETY: as the caller vouches.
+    let (y, uv) = unsafe {
+        (
+            std::slice::from_raw_parts(image.luma as *const u8, image.luma_pitch * h),
+            std::slice::from_raw_parts(image.chroma as *const u8, image.chroma_pitch * h.div_ceil(2)),
+        )
+    };
+    let mut rgb = vec![0u8; w * h * 3];
+    let planes = Nv12Planes {
+        y,
+        y_stride: image.luma_pitch,
+        uv,
+        uv_stride: image.chroma_pitch,
+    };
+    image.conversion.convert_nv12(planes, w, h, &mut rgb, w * 3);
+    let p = &frame.place;
+    canvas.fill(p.pad_value);
+    let (sw, sh) = p.scaled;
+    for dy in 0..sh {
+        for dx in 0..sw {
+            let at = ((p.offset.1 + dy) * canvas_width + p.offset.0 + dx) * 3;
+            for c in 0..3 {
+                canvas[at + c] = if p.scaled == (w, h) {
+                    rgb[(dy * w + dx) * 3 + c]
+                } else {
+                    let [r0, r1, v0, v1] = p.rows[dy];
+                    let [t0, t1, w0, w1] = p.columns[dx];
+                    let tap = |row: i32, t: i32| i32::from(rgb[row as usize * w * 3 + t as usize + c]);
+                    let a = ((tap(r0, t0) * w0 + tap(r0, t1) * w1) >> 4) as i16;
+                    let b = ((tap(r1, t0) * w0 + tap(r1, t1) * w1) >> 4) as i16;
+                    let v = (((i32::from(a) * v0) >> 16) + ((i32::from(b) * v1) >> 16) + 2) >> 2;
+                    v.clamp(0, 255) as u8
+                };
+            }
+        }
+    }
+}
+
+impl Backend for DeviceFrameBackend {
+    fn description(&self) -> &ModelDescription {
+        &self.description
+    }
+
+    fn input(&mut self, shape: [usize; 4]) -> Result<InputBuffer<'_>, BackendError> {
+        self.input.resize(shape.iter().product(), 0);
+        Ok(InputBuffer::U8(&mut self.input))
+    }
+
+    fn frames_device(&self) -> Option<i32> {
+        Some(self.device)
+    }
+
+    fn run_with_device_slots(
+        &mut self,
+        shape: [usize; 4],
+        device: DeviceSlots<'_>,
+        output: &mut OutputBuffer,
+    ) -> Result<(), BackendError> {
+        if !device.jpegs.is_empty() {
+            return Err(BackendError::Inference("no JPEGs here".into()));
+        }
+        let slot = 32 * 32 * 3;
+        for f in device.frames {
+            let at = f.place.slot * slot;
+            // SAFETY: the tests that send frames here describe host buffers they keep.
+            unsafe { letterbox_frame_on_host(f, &mut self.input[at..at + slot], 32) };
+        }
+        *self.frames_taken.lock().unwrap() += device.frames.len();
+        self.run(shape, output)
+    }
+
+    fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
+        let n = shape[0];
+        let slot = 32 * 32 * 3;
+        output.shape = vec![n, 1, 6];
+        output.data.clear();
+        for i in 0..n {
+            let sum = canvas_checksum(&self.input[i * slot..(i + 1) * slot]);
+            output
+                .data
+                .extend_from_slice(&[1.0, 1.0, 5.0, 5.0, 0.9, sum as f32]);
         }
         Ok(())
     }

@@ -51,6 +51,6 @@ pub use queue::BatchPolicy;
 pub use request::{ImageResult, RequestError, RequestTimings, TensorResult};
 pub use rotation::{by_device, device_label, InstancePlacement};
 pub use service::{AdmissionPermit, Engine, EngineConfig, WeakEngine};
-pub use slot::{Slot, SlotOutput};
+pub use slot::{FrameOwner, Slot, SlotOutput};
 pub use stats::StatsSnapshot;
 pub use window::WindowStats;

@@ -62,6 +62,10 @@ pub enum RequestError {
     NoInstances { model: String, reason: String },
     #[error("inference failed: {0}")]
     Inference(String),
+    /// A video frame in GPU memory that this engine cannot take (another GPU, no GPU, or
+    /// not an NV12 picture it can read); the caller converts it on the host instead.
+    #[error("the frame in GPU memory was not taken: {0}")]
+    FrameNotTaken(String),
 }
 
 impl RequestError {
@@ -83,6 +87,7 @@ impl RequestError {
             | Self::BadImage(_)
             | Self::BadTensor(_)
             | Self::Inference(_)
+            | Self::FrameNotTaken(_)
             | Self::NoInstances { .. } => None,
         }
     }
@@ -92,7 +97,7 @@ impl RequestError {
         match self {
             Self::Overloaded { .. } | Self::QueueFull { .. } | Self::Backlogged { .. } => "rejected",
             Self::DeadlineExceeded { .. } => "deadline",
-            Self::BadImage(_) | Self::BadTensor(_) => "bad_input",
+            Self::BadImage(_) | Self::BadTensor(_) | Self::FrameNotTaken(_) => "bad_input",
             Self::NotReady { .. } | Self::ShuttingDown | Self::Inference(_) | Self::NoInstances { .. } => {
                 "error"
             }

@@ -151,6 +151,11 @@ impl Engine {
         let devices: Vec<Option<i32>> = detectors.iter().map(Detector::device).collect();
         let spec = detectors[0].spec().clone();
         let device_jpeg = detectors.iter().all(Detector::decodes_jpeg);
+        // Frames on a GPU only where every instance can take them: a frame goes to
+        // whichever instance is free.
+        let frames_device = detectors[0]
+            .frames_device()
+            .filter(|&d| detectors.iter().all(|x| x.frames_device() == Some(d)));
         let description = detectors[0].description().clone();
         let mut policy = config.policy.clone();
         policy.max_batch = policy.max_batch.clamp(1, detectors[0].batch_size());
@@ -158,7 +163,14 @@ impl Engine {
             policy: policy.clone(),
             ..config
         };
-        let shared = Arc::new(Shared::new(config, spec, description, device_jpeg, &devices));
+        let shared = Arc::new(Shared::new(
+            config,
+            spec,
+            description,
+            device_jpeg,
+            frames_device,
+            &devices,
+        ));
         // Commands are small and the queue task drains them at once; the bound only stops a
         // stalled task from growing memory.
         let (tx, rx) = mpsc::channel(policy.capacity + 64);
@@ -554,6 +566,9 @@ impl Engine {
             .map_err(|_| RequestError::ShuttingDown)?
     }
 }
+
+#[path = "device_frames.rs"]
+mod device_frames;
 
 #[cfg(test)]
 #[path = "service_tests.rs"]

@@ -522,3 +522,6 @@ mod device_loss;
 
 #[path = "admission_tests.rs"]
 mod admission;
+
+#[path = "device_frame_tests.rs"]
+mod device_frame;

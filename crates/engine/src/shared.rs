@@ -68,6 +68,8 @@ pub(crate) struct Shared {
     pub single_run: OnceLock<Duration>,
     /// The instances decode baseline JPEGs on the device: such requests skip the CPU.
     pub device_jpeg: bool,
+    /// The GPU every instance takes video frames on (in its memory, converted there).
+    pub frames_device: Option<i32>,
     /// Each instance's device and whether it is in rotation: published by the queue task
     /// when a device fails, read by status and `/metrics`.
     pub placement: ArcSwap<Vec<InstancePlacement>>,
@@ -86,6 +88,7 @@ impl Shared {
         spec: DetectorSpec,
         description: ModelDescription,
         device_jpeg: bool,
+        frames_device: Option<i32>,
         devices: &[Option<i32>],
     ) -> Self {
         let policy = &config.policy;
@@ -117,6 +120,7 @@ impl Shared {
             output_shape: OnceLock::new(),
             single_run: OnceLock::new(),
             device_jpeg,
+            frames_device,
             placement: ArcSwap::from_pointee(
                 devices
                     .iter()

@@ -3,9 +3,24 @@
 //! hands it to [`crate::Detector::run_batch`], and the answer comes back as a
 //! [`SlotOutput`]: one type each way, owned, so nothing is converted on the way.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use bytes::Bytes;
 use peregrine_types::{DetectParams, Detection};
+use peregrine_vision::yuv::Nv12Image;
 use peregrine_vision::{DecodeError, Letterbox};
+
+/// Whatever keeps a frame's GPU memory alive and unchanged (the decoder's surface); the
+/// slot holds it until the batch is answered, then lets go.
+#[derive(Clone)]
+pub struct FrameOwner(pub Arc<dyn Any + Send + Sync>);
+
+impl std::fmt::Debug for FrameOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FrameOwner")
+    }
+}
 
 /// What one slot of a batch asks of the model.
 #[derive(Debug, Clone)]
@@ -32,6 +47,15 @@ pub enum Slot {
         letterbox: Letterbox,
         params: DetectParams,
     },
+    /// A video frame in GPU memory, for a backend that converts and letterboxes it there
+    /// ([`crate::Detector::frames_device`]).
+    Frame {
+        image: Nv12Image,
+        owner: FrameOwner,
+        /// `Letterbox::new(width, height, ...)` for the model's input size.
+        letterbox: Letterbox,
+        params: DetectParams,
+    },
 }
 
 impl Slot {
@@ -43,6 +67,9 @@ impl Slot {
             }
             | Self::Jpeg {
                 letterbox, params, ..
+            }
+            | Self::Frame {
+                letterbox, params, ..
             } => Some((letterbox, params)),
             Self::Tensor(_) => None,
         }
@@ -52,7 +79,7 @@ impl Slot {
     pub(crate) fn into_canvas(self) -> Option<Vec<u8>> {
         match self {
             Self::Canvas { canvas, .. } => Some(canvas),
-            Self::Tensor(_) | Self::Jpeg { .. } => None,
+            Self::Tensor(_) | Self::Jpeg { .. } | Self::Frame { .. } => None,
         }
     }
 }

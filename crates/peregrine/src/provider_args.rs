@@ -89,6 +89,12 @@ pub struct ProviderArgs {
     /// pixels and so detections, at the same speed on an H200 (docs/benchmarks.md).
     #[arg(long, env = "PEREGRINE_GPU_JPEG_COLOUR", value_enum, default_value_t = GpuJpegColour::Exact)]
     pub gpu_jpeg_colour: GpuJpegColour,
+    /// Leave video frames decoded by NVDEC in GPU memory and letterbox them there, straight
+    /// into the model's input, instead of copying each one to the host for conversion
+    /// (cuda; needs the rewritten graph; implies --device-io). Frames go to the host only
+    /// for snapshots and live views.
+    #[arg(long, env = "PEREGRINE_GPU_FRAMES")]
+    pub gpu_frames: bool,
 }
 
 /// `--gpu-jpeg-colour`.
@@ -130,6 +136,7 @@ impl Default for ProviderArgs {
             device_io: false,
             gpu_jpeg_decode: false,
             gpu_jpeg_colour: GpuJpegColour::Exact,
+            gpu_frames: false,
         }
     }
 }
@@ -170,6 +177,7 @@ impl ProviderArgs {
         session.device_io = self.device_io;
         session.gpu_jpeg_decode = self.gpu_jpeg_decode;
         session.gpu_jpeg_colour = self.gpu_jpeg_colour.into();
+        session.gpu_frames = self.gpu_frames;
         settings.gpus = self.gpus.clone();
         settings.provider_fallback = self.provider_fallback;
         settings.graph_rewrite = self.graph_rewrite;

@@ -290,6 +290,7 @@ async fn start_video(
     options.decoder = peregrine_video::DecoderDefaults {
         kind: s.video_decoder,
         model_gpus: s.model_defaults().gpu_devices(),
+        gpu_frames: s.model_defaults().session.gpu_frames,
     };
     options.sinks = configured.queues();
     options.sinks.extend(store.as_ref().map(StoreSink::queue));

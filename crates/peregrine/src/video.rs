@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::future::BoxFuture;
-use peregrine_engine::{Engine, RequestError};
+use peregrine_engine::{Engine, FrameOwner, RequestError};
 use peregrine_registry::ModelRegistry;
 use peregrine_types::{ClassNames, Detection};
 use peregrine_video::{DetectError, Frame, FrameDetector};
@@ -31,12 +31,14 @@ impl EngineFrames {
 }
 
 /// A frame as the engine reads it; the buffer goes back to the stream's pool once this and
-/// the stream's analytics have let go of it.
+/// the stream's analytics have let go of it. A frame in GPU memory has been copied down
+/// before this is made (see [`EngineFrames::detect`]).
 struct FramePixels(Arc<Frame>);
 
 impl AsRef<[u8]> for FramePixels {
     fn as_ref(&self) -> &[u8] {
-        self.0.data()
+        // Already downloaded, or a host frame: no error left to meet here.
+        self.0.pixels().unwrap_or(&[])
     }
 }
 
@@ -50,22 +52,44 @@ impl FrameDetector for EngineFrames {
         Box::pin(async move {
             let engine = engine?;
             let permit = engine.try_admit().map_err(|_| DetectError::Overloaded)?;
-            let (w, h, stride) = (frame.width() as usize, frame.height() as usize, frame.stride());
             let params = engine.config().defaults.clone();
-            engine
-                .detect_frame(&permit, FramePixels(frame), w, h, stride, params, deadline)
-                .await
-                .map(|r| r.detections)
-                .map_err(|e| match e {
-                    RequestError::DeadlineExceeded { .. } => DetectError::DeadlineExceeded,
-                    RequestError::Overloaded { .. }
-                    | RequestError::QueueFull { .. }
-                    | RequestError::Backlogged { .. } => DetectError::Overloaded,
-                    RequestError::NotReady { .. } | RequestError::ShuttingDown => {
-                        DetectError::Unavailable(e.to_string())
+            let on_gpu = frame.device_surface().map(|s| s.image());
+            let outcome = match on_gpu {
+                // The model's instances letterbox it where it is.
+                Some(image) if engine.frames_device() == Some(image.device) => {
+                    let owner = FrameOwner(frame.clone());
+                    engine
+                        .detect_device_frame(&permit, image, owner, params, deadline)
+                        .await
+                }
+                _ => {
+                    if on_gpu.is_some() {
+                        // A model on the CPU or another GPU: copy the picture down first
+                        // (a blocking CUDA copy, so off the runtime's workers).
+                        let f = frame.clone();
+                        tokio::task::spawn_blocking(move || f.pixels().map(|_| ()))
+                            .await
+                            .map_err(|e| DetectError::Failed(e.to_string()))?
+                            .map_err(|e| {
+                                DetectError::Failed(format!("copying the frame from the GPU: {e}"))
+                            })?;
                     }
-                    other => DetectError::Failed(other.to_string()),
-                })
+                    let (w, h, stride) = (frame.width() as usize, frame.height() as usize, frame.stride());
+                    engine
+                        .detect_frame(&permit, FramePixels(frame), w, h, stride, params, deadline)
+                        .await
+                }
+            };
+            outcome.map(|r| r.detections).map_err(|e| match e {
+                RequestError::DeadlineExceeded { .. } => DetectError::DeadlineExceeded,
+                RequestError::Overloaded { .. }
+                | RequestError::QueueFull { .. }
+                | RequestError::Backlogged { .. } => DetectError::Overloaded,
+                RequestError::NotReady { .. } | RequestError::ShuttingDown => {
+                    DetectError::Unavailable(e.to_string())
+                }
+                other => DetectError::Failed(other.to_string()),
+            })
         })
     }
 

@@ -167,6 +167,7 @@ pub struct ProviderFile {
     pub pinned_input: Option<bool>,
     pub device_io: Option<bool>,
     pub gpu_jpeg_decode: Option<bool>,
+    pub gpu_frames: Option<bool>,
     pub device_id: i32,
     /// Spread the instances over these GPUs (instead of `device_id`'s one).
     pub gpus: Option<Vec<i32>>,
@@ -303,6 +304,7 @@ impl ModelSettings {
                 pinned_input => session.pinned_input,
                 device_io => session.device_io,
                 gpu_jpeg_decode => session.gpu_jpeg_decode,
+                gpu_frames => session.gpu_frames,
             );
         }
         s.validate()?;
@@ -377,6 +379,11 @@ impl ModelSettings {
                 "gpu_jpeg_decode needs a GPU provider (cuda or tensorrt)".into(),
             ));
         }
+        if self.session.gpu_frames && self.gpu_device().is_none() {
+            return Err(SettingsError(
+                "gpu_frames needs a GPU provider (cuda or tensorrt)".into(),
+            ));
+        }
         self.validate_gpus()?;
         let engine = &self.engine;
         let positive = [
@@ -447,6 +454,20 @@ mod tests {
         let mut cuda = cpu;
         cuda.session.provider = ExecutionProvider::Cuda(Default::default());
         cuda.validate().unwrap();
+    }
+
+    #[test]
+    fn gpu_frames_need_a_gpu_provider_and_come_from_the_provider_table() {
+        let mut cpu = ModelSettings::default();
+        cpu.session.gpu_frames = true;
+        let err = cpu.validate().unwrap_err();
+        assert!(
+            err.to_string().contains("gpu_frames needs a GPU provider"),
+            "{err}"
+        );
+        let file = ModelConfigFile::parse("[provider]\nkind = \"cuda\"\ngpu_frames = true\n").unwrap();
+        let settings = ModelSettings::default().overlay(&file, std::path::Path::new("."));
+        assert!(settings.unwrap().session.gpu_frames);
     }
 
     #[test]

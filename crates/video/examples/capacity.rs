@@ -155,6 +155,7 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
     options.decoder = DecoderDefaults {
         kind: args.decoder,
         model_gpus: vec![0],
+        gpu_frames: false,
     };
     // The clip's folder is the one file root the streams need.
     let folder = args.clip.parent().filter(|p| !p.as_os_str().is_empty());

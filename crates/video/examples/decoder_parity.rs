@@ -125,6 +125,7 @@ async fn main() {
     let nvdec = Hardware::Nvdec {
         device,
         required: false,
+        held_frames: 0,
     };
     println!(
         "| clip | size | pictures | NVDEC took it | RGB values equal | pictures equal | max difference |"

@@ -1,8 +1,11 @@
-//! Decoded pictures: packed RGB8 frames whose buffers come from a bounded per-stream pool.
+//! Decoded pictures: packed RGB8 frames whose buffers come from a bounded per-stream pool,
+//! or pictures left in GPU memory by NVDEC ([`DeviceSurface`]), counted in the same pool.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
+
+use peregrine_vision::yuv::Nv12Image;
 
 use tokio::time::Instant;
 
@@ -70,10 +73,29 @@ pub struct FrameMeta {
     pub capture: CaptureTime,
 }
 
-/// One decoded picture as packed RGB8 rows (`stride >= width * 3`). Its buffer goes back to
-/// the stream's [`FramePool`] when the frame is dropped.
+/// A decoded picture left in GPU memory (an NVDEC surface), kept there while this lives.
+pub trait DeviceSurface: Send + Sync + 'static {
+    /// The picture as the engine's kernels read it.
+    fn image(&self) -> Nv12Image;
+
+    /// Copies the picture to the host as packed RGB8 rows of `stride` bytes, converted as
+    /// CPU decoding converts it.
+    fn download_rgb(&self, out: &mut [u8], stride: usize) -> Result<(), String>;
+}
+
+/// A frame's picture in GPU memory, and its host copy once someone asked for the pixels.
+struct OnDevice {
+    surface: Arc<dyn DeviceSurface>,
+    host: OnceLock<Result<Vec<u8>, String>>,
+}
+
+/// One decoded picture as packed RGB8 rows (`stride >= width * 3`), or in GPU memory. Its
+/// buffer (or its place in the pool) goes back to the stream's [`FramePool`] when the frame
+/// is dropped.
 pub struct Frame {
     data: Vec<u8>,
+    /// Set for a picture left in GPU memory; `data` is then empty.
+    device: Option<OnDevice>,
     width: u32,
     height: u32,
     stride: usize,
@@ -106,9 +128,26 @@ impl Frame {
         self.stride
     }
 
-    /// `height` rows of `stride` bytes; each row's first `width * 3` bytes are pixels.
-    pub fn data(&self) -> &[u8] {
-        &self.data
+    /// `height` rows of `stride` bytes; each row's first `width * 3` bytes are pixels. A
+    /// frame in GPU memory is copied down (and converted) the first time this is asked,
+    /// and the error says why when that fails.
+    pub fn pixels(&self) -> Result<&[u8], String> {
+        let Some(device) = &self.device else {
+            return Ok(&self.data);
+        };
+        device
+            .host
+            .get_or_init(|| {
+                let mut rgb = vec![0; self.stride * self.height as usize];
+                device.surface.download_rgb(&mut rgb, self.stride).map(|()| rgb)
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    /// The picture in GPU memory, for a frame that is there.
+    pub fn device_surface(&self) -> Option<&Arc<dyn DeviceSurface>> {
+        self.device.as_ref().map(|d| &d.surface)
     }
 
     pub(crate) fn data_mut(&mut self) -> &mut [u8] {
@@ -118,7 +157,12 @@ impl Frame {
 
 impl Drop for Frame {
     fn drop(&mut self) {
-        self.pool.give_back(std::mem::take(&mut self.data));
+        if self.device.take().is_some() {
+            self.pool.on_device.fetch_sub(1, Ordering::AcqRel);
+            self.pool.outstanding.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            self.pool.give_back(std::mem::take(&mut self.data));
+        }
     }
 }
 
@@ -127,6 +171,8 @@ struct PoolShared {
     /// Most frames alive at once (in the pool's free list or out in the pipeline).
     capacity: usize,
     outstanding: AtomicUsize,
+    /// Of the outstanding frames, those in GPU memory.
+    on_device: AtomicUsize,
     free: Mutex<Vec<Vec<u8>>>,
 }
 
@@ -154,6 +200,7 @@ impl FramePool {
             shared: Arc::new(PoolShared {
                 capacity: capacity.max(1),
                 outstanding: AtomicUsize::new(0),
+                on_device: AtomicUsize::new(0),
                 free: Mutex::new(Vec::new()),
             }),
         }
@@ -164,18 +211,8 @@ impl FramePool {
     /// reallocation per buffer.
     pub fn take(&self, width: u32, height: u32, meta: FrameMeta) -> Option<Frame> {
         let s = &self.shared;
-        let mut current = s.outstanding.load(Ordering::Acquire);
-        loop {
-            if current >= s.capacity {
-                return None;
-            }
-            match s
-                .outstanding
-                .compare_exchange(current, current + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(now) => current = now,
-            }
+        if !self.reserve() {
+            return None;
         }
         let stride = (width as usize * 3).div_ceil(ROW_ALIGN) * ROW_ALIGN;
         let len = stride * height as usize;
@@ -183,6 +220,7 @@ impl FramePool {
         data.resize(len, 0);
         Some(Frame {
             data,
+            device: None,
             width,
             height,
             stride,
@@ -191,9 +229,61 @@ impl FramePool {
         })
     }
 
+    /// A frame of `surface`'s picture, left in GPU memory, or `None` when every place in
+    /// the pool is taken: it counts against the same capacity as host frames (and so
+    /// bounds the surfaces a stream holds), though it takes no host buffer.
+    pub fn take_on_device(&self, surface: Arc<dyn DeviceSurface>, meta: FrameMeta) -> Option<Frame> {
+        if !self.reserve() {
+            return None;
+        }
+        self.shared.on_device.fetch_add(1, Ordering::AcqRel);
+        let image = surface.image();
+        let width = image.width as u32;
+        Some(Frame {
+            data: Vec::new(),
+            device: Some(OnDevice {
+                surface,
+                host: OnceLock::new(),
+            }),
+            width,
+            height: image.height as u32,
+            stride: (image.width * 3).div_ceil(ROW_ALIGN) * ROW_ALIGN,
+            meta,
+            pool: self.shared.clone(),
+        })
+    }
+
+    /// Takes one place in the pool, if one is free.
+    fn reserve(&self) -> bool {
+        let s = &self.shared;
+        let mut current = s.outstanding.load(Ordering::Acquire);
+        loop {
+            if current >= s.capacity {
+                return false;
+            }
+            match s
+                .outstanding
+                .compare_exchange(current, current + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => current = now,
+            }
+        }
+    }
+
     /// Frames currently out of the pool.
     pub fn outstanding(&self) -> usize {
         self.shared.outstanding.load(Ordering::Acquire)
+    }
+
+    /// Of those, the frames in GPU memory.
+    pub fn on_device(&self) -> usize {
+        self.shared.on_device.load(Ordering::Acquire)
+    }
+
+    /// Most frames out at once.
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
     }
 }
 
@@ -225,14 +315,96 @@ mod tests {
             "third frame over capacity"
         );
         assert_eq!(a.stride(), 64, "30 bytes of pixels padded to one 64-byte row");
-        assert_eq!(a.data().len(), 64 * 4);
+        assert_eq!(a.pixels().unwrap().len(), 64 * 4);
         drop(a);
         assert_eq!(pool.outstanding(), 1);
         let c = pool.take(100, 2, test_meta(3)).unwrap();
         assert_eq!(c.stride(), 320);
-        assert_eq!(c.data().len(), 640);
+        assert_eq!(c.pixels().unwrap().len(), 640);
         drop((b, c));
         assert_eq!(pool.outstanding(), 0);
+    }
+
+    /// A picture "in GPU memory" that counts its downloads, fills them with one value, or
+    /// fails them.
+    struct FakeSurface {
+        width: usize,
+        height: usize,
+        fill: Result<u8, String>,
+        downloads: AtomicUsize,
+    }
+
+    impl DeviceSurface for FakeSurface {
+        fn image(&self) -> Nv12Image {
+            Nv12Image {
+                device: 0,
+                width: self.width,
+                height: self.height,
+                luma: 1,
+                luma_pitch: self.width,
+                chroma: 2,
+                chroma_pitch: self.width,
+                conversion: peregrine_vision::yuv::YuvToRgb::new(1, false).unwrap(),
+            }
+        }
+
+        fn download_rgb(&self, out: &mut [u8], stride: usize) -> Result<(), String> {
+            self.downloads.fetch_add(1, Ordering::Relaxed);
+            assert!(stride >= self.width * 3 && out.len() >= stride * self.height);
+            out.fill(*self.fill.as_ref()?);
+            Ok(())
+        }
+    }
+
+    fn surface(fill: Result<u8, String>) -> Arc<FakeSurface> {
+        Arc::new(FakeSurface {
+            width: 30,
+            height: 4,
+            fill,
+            downloads: AtomicUsize::new(0),
+        })
+    }
+
+    #[test]
+    fn frames_on_the_gpu_share_the_pools_capacity_and_release_their_surfaces() {
+        let pool = FramePool::new(2);
+        let s = surface(Ok(7));
+        let on_gpu = pool.take_on_device(s.clone(), test_meta(0)).unwrap();
+        assert_eq!((on_gpu.width(), on_gpu.height(), on_gpu.stride()), (30, 4, 128));
+        let host = pool.take(30, 4, test_meta(1)).unwrap();
+        assert_eq!((pool.outstanding(), pool.on_device()), (2, 1));
+        assert!(
+            pool.take_on_device(s.clone(), test_meta(2)).is_none(),
+            "over capacity"
+        );
+        assert!(pool.take(30, 4, test_meta(3)).is_none(), "over capacity");
+        assert!(on_gpu.device_surface().is_some() && host.device_surface().is_none());
+        drop(on_gpu);
+        assert_eq!((pool.outstanding(), pool.on_device()), (1, 0));
+        assert_eq!(Arc::strong_count(&s), 1, "the surface is let go with its frame");
+        drop(host);
+        assert_eq!(pool.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_gpu_frames_pixels_are_downloaded_once_when_asked() {
+        let pool = FramePool::new(2);
+        let s = surface(Ok(9));
+        let frame = pool.take_on_device(s.clone(), test_meta(0)).unwrap();
+        assert_eq!(
+            s.downloads.load(Ordering::Relaxed),
+            0,
+            "nothing is copied until asked"
+        );
+        let pixels = frame.pixels().unwrap();
+        assert_eq!(pixels.len(), 128 * 4);
+        assert!(pixels.iter().all(|&b| b == 9));
+        frame.pixels().unwrap();
+        assert_eq!(s.downloads.load(Ordering::Relaxed), 1);
+        let failing = pool
+            .take_on_device(surface(Err("the GPU is gone".into())), test_meta(1))
+            .unwrap();
+        assert_eq!(failing.pixels().unwrap_err(), "the GPU is gone");
     }
 
     #[test]

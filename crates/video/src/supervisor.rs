@@ -455,6 +455,7 @@ mod tests {
                 clock: Arc::new(SystemWallClock),
                 plan: crate::decode::DecodePlan::Cpu { reason: None },
                 status: crate::decode::DecoderStatusCell::new(crate::decode::DecoderKind::Cpu, None),
+                gpu_frames: false,
             },
             Arc::new(LatestSlot::default()),
             counters.clone(),

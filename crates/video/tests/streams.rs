@@ -259,6 +259,7 @@ async fn decoders_fall_back_to_the_cpu_with_a_reason_or_fail_saying_why() {
     options.decoder = DecoderDefaults {
         kind: DecoderKind::Auto,
         model_gpus: vec![0],
+        gpu_frames: false,
     };
     let url = shared_clip("bikes.mp4").display().to_string();
     let stream = |name: &str, decoder: Option<DecoderKind>| {

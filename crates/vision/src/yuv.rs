@@ -149,6 +149,98 @@ impl YuvToRgb {
     }
 }
 
+impl YuvToRgb {
+    /// [`YuvToRgb::convert_420`] for NV12, whose chroma is one plane of interleaved U,V
+    /// pairs (`width.div_ceil(2)` pairs a row): the same bytes as splitting the chroma into
+    /// planes first, which is what the CPU path does with an NVDEC surface before swscale.
+    /// This is the GPU kernel `nv12_to_rgb`'s reference, line for line.
+    ///
+    /// # Panics
+    /// If a plane or `out` is too small for the size given.
+    pub fn convert_nv12(
+        &self,
+        planes: Nv12Planes<'_>,
+        width: usize,
+        height: usize,
+        out: &mut [u8],
+        out_stride: usize,
+    ) {
+        let chroma_w = width.div_ceil(2);
+        assert!(out_stride >= width * 3, "an RGB row needs {} bytes", width * 3);
+        for row in 0..height {
+            let luma = &planes.y[row * planes.y_stride..][..width];
+            let uv = &planes.uv[(row / 2) * planes.uv_stride..][..chroma_w * 2];
+            let rgb = &mut out[row * out_stride..][..width * 3];
+            for (x, (px, &y)) in rgb.chunks_exact_mut(3).zip(luma).enumerate() {
+                let pair = &uv[(x / 2) * 2..][..2];
+                px.copy_from_slice(&self.rgb(y, pair[0], pair[1]));
+            }
+        }
+    }
+
+    /// The six coefficients in the order the GPU kernel takes them: `y_offset, y_coeff,
+    /// vr_coeff, ub_coeff, ug_coeff, vg_coeff`.
+    pub fn kernel_coefficients(&self) -> [i32; 6] {
+        [
+            self.y_offset,
+            self.y_coeff,
+            self.vr_coeff,
+            self.ub_coeff,
+            self.ug_coeff,
+            self.vg_coeff,
+        ]
+        .map(i32::from)
+    }
+}
+
+/// An NV12 picture: a luma plane and a plane of interleaved U,V pairs, with their strides
+/// in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Nv12Planes<'a> {
+    pub y: &'a [u8],
+    pub y_stride: usize,
+    pub uv: &'a [u8],
+    pub uv_stride: usize,
+}
+
+/// An 8-bit NV12 picture in a GPU's memory (an NVDEC surface), described for a kernel that
+/// converts and letterboxes it there: device addresses, strides in bytes, and the colour
+/// conversion the CPU path would apply to the same picture. Plain data: whoever hands one
+/// out keeps the memory alive and unchanged until the consumer is done with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nv12Image {
+    /// CUDA's device number.
+    pub device: i32,
+    pub width: usize,
+    pub height: usize,
+    pub luma: u64,
+    pub luma_pitch: usize,
+    pub chroma: u64,
+    pub chroma_pitch: usize,
+    pub conversion: YuvToRgb,
+}
+
+impl Nv12Image {
+    /// Why the planes as described cannot be an NV12 picture of this size: zero size,
+    /// null addresses, or rows shorter than the picture's.
+    pub fn check(&self) -> Result<(), String> {
+        let (w, h) = (self.width, self.height);
+        if w == 0 || h == 0 {
+            return Err(format!("an NV12 picture of {w}x{h} has no pixels"));
+        }
+        if self.luma == 0 || self.chroma == 0 {
+            return Err("an NV12 picture's planes have no address".into());
+        }
+        if self.luma_pitch < w || self.chroma_pitch < w.div_ceil(2) * 2 {
+            return Err(format!(
+                "NV12 rows of {} (luma) and {} (chroma) bytes are too short for a width of {w}",
+                self.luma_pitch, self.chroma_pitch
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The three planes of a 4:2:0 picture and their strides in bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct Planes420<'a> {
@@ -195,6 +287,91 @@ mod tests {
         // Saturated chroma clips rather than wrapping.
         assert_eq!(c.rgb(235, 255, 255)[0], 255);
         assert_eq!(c.rgb(16, 0, 0)[0], 0);
+    }
+
+    /// Deterministic noise, so every chroma pair and luma value is exercised.
+    fn noise(len: usize, seed: u32) -> Vec<u8> {
+        let mut state = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state >> 24) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nv12_converts_as_the_same_chroma_split_into_planes() {
+        for (w, h, matrix, full) in [
+            (6usize, 4usize, 1, false),
+            (7, 6, 5, true),
+            (33, 10, 9, false),
+            (2, 2, 5, false),
+        ] {
+            let c = YuvToRgb::new(matrix, full).unwrap();
+            let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+            let (y_stride, uv_stride) = (w + 5, cw * 2 + 3);
+            let y = noise(y_stride * h, w as u32);
+            let uv = noise(uv_stride * ch, h as u32 + 7);
+            let mut u = vec![0u8; cw * ch];
+            let mut v = vec![0u8; cw * ch];
+            for row in 0..ch {
+                for col in 0..cw {
+                    u[row * cw + col] = uv[row * uv_stride + 2 * col];
+                    v[row * cw + col] = uv[row * uv_stride + 2 * col + 1];
+                }
+            }
+            let stride = w * 3 + 1;
+            let (mut planar, mut interleaved) = (vec![0u8; stride * h], vec![0u8; stride * h]);
+            let planes = Planes420 {
+                y: &y,
+                y_stride,
+                u: &u,
+                u_stride: cw,
+                v: &v,
+                v_stride: cw,
+            };
+            c.convert_420(planes, w, h, &mut planar, stride);
+            let nv12 = Nv12Planes {
+                y: &y,
+                y_stride,
+                uv: &uv,
+                uv_stride,
+            };
+            c.convert_nv12(nv12, w, h, &mut interleaved, stride);
+            assert_eq!(planar, interleaved, "{w}x{h}, matrix {matrix}, full range {full}");
+            assert!(planar.iter().any(|&b| b != 0), "something was written");
+        }
+    }
+
+    #[test]
+    fn kernel_coefficients_keep_their_order() {
+        let c = YuvToRgb::new(5, false).unwrap();
+        assert_eq!(c.kernel_coefficients(), [128, 9539, 13075, 16525, -3209, -6660]);
+    }
+
+    #[test]
+    fn nv12_images_are_checked() {
+        let image = Nv12Image {
+            device: 0,
+            width: 1919,
+            height: 1080,
+            luma: 0x1000,
+            luma_pitch: 2048,
+            chroma: 0x2000,
+            chroma_pitch: 1920,
+            conversion: YuvToRgb::new(1, false).unwrap(),
+        };
+        assert_eq!(image.check(), Ok(()));
+        let short = Nv12Image {
+            chroma_pitch: 1918,
+            ..image
+        };
+        assert!(short.check().unwrap_err().contains("too short"));
+        assert!(Nv12Image { luma: 0, ..image }.check().is_err());
+        assert!(Nv12Image { height: 0, ..image }.check().is_err());
     }
 
     #[test]

@@ -99,6 +99,12 @@ pub(crate) struct Api {
         *mut *mut c_void,
         *mut *mut c_void,
     ) -> c_int,
+    pub nvrtc: Nvrtc,
+}
+
+/// NVRTC, CUDA's run-time compiler: all it takes to turn the kernels' source into PTX,
+/// without a driver or a GPU.
+pub(crate) struct Nvrtc {
     pub nvrtc_create_program: unsafe extern "C" fn(
         *mut Handle,
         *const c_char,
@@ -141,6 +147,21 @@ macro_rules! sym {
     };
 }
 
+impl Nvrtc {
+    /// NVRTC's functions from `nvrtc`, which must outlive the result.
+    pub(crate) fn from_library(nvrtc: &Library) -> Result<Self, String> {
+        Ok(Self {
+            nvrtc_create_program: sym!(nvrtc, "nvrtcCreateProgram"),
+            nvrtc_compile_program: sym!(nvrtc, "nvrtcCompileProgram"),
+            nvrtc_get_ptx_size: sym!(nvrtc, "nvrtcGetPTXSize"),
+            nvrtc_get_ptx: sym!(nvrtc, "nvrtcGetPTX"),
+            nvrtc_get_program_log_size: sym!(nvrtc, "nvrtcGetProgramLogSize"),
+            nvrtc_get_program_log: sym!(nvrtc, "nvrtcGetProgramLog"),
+            nvrtc_destroy_program: sym!(nvrtc, "nvrtcDestroyProgram"),
+        })
+    }
+}
+
 impl Api {
     pub(crate) fn load() -> Result<Self, String> {
         let cudart = open(&["libcudart.so.13", "libcudart.so.12", "libcudart.so"])?;
@@ -175,13 +196,7 @@ impl Api {
             cu_module_unload: sym!(driver, "cuModuleUnload"),
             cu_module_get_function: sym!(driver, "cuModuleGetFunction"),
             cu_launch_kernel: sym!(driver, "cuLaunchKernel"),
-            nvrtc_create_program: sym!(nvrtc, "nvrtcCreateProgram"),
-            nvrtc_compile_program: sym!(nvrtc, "nvrtcCompileProgram"),
-            nvrtc_get_ptx_size: sym!(nvrtc, "nvrtcGetPTXSize"),
-            nvrtc_get_ptx: sym!(nvrtc, "nvrtcGetPTX"),
-            nvrtc_get_program_log_size: sym!(nvrtc, "nvrtcGetProgramLogSize"),
-            nvrtc_get_program_log: sym!(nvrtc, "nvrtcGetProgramLog"),
-            nvrtc_destroy_program: sym!(nvrtc, "nvrtcDestroyProgram"),
+            nvrtc: Nvrtc::from_library(&nvrtc)?,
             _libs: vec![cudart, nvjpeg, driver, nvrtc],
         };
         Ok(api)

@@ -6,16 +6,17 @@
 //! letterbox's gray. No pixel crosses PCIe: only the compressed bytes and the small tables
 //! go in. What remains different from the CPU is nvJPEG's IDCT.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 
 use peregrine_vision::jpeg_planes::{DecodedPlanes, YccToRgb};
 
 use super::batched::BatchedStates;
+use super::canvas::{grow, CanvasWriter, Placement};
 use super::ffi::{Handle, NvjpegImage};
 use super::kernel::{DevicePlanes, ImageKernels};
 pub use super::planes::JpegInfo;
 use super::planes::{chroma_allocation, kernel_layout};
-use super::{api, check, CopyKind, CudaError, DeviceBuffer, Stream};
+use super::{api, CopyKind, CudaError, DeviceBuffer, Stream};
 
 const NVJPEG_BACKEND_DEFAULT: c_int = 0;
 const NVJPEG_BACKEND_HARDWARE: c_int = 3;
@@ -65,24 +66,12 @@ fn nvjpeg_check(what: &str, code: c_int) -> Result<(), CudaError> {
     Err(CudaError(format!("{what}: nvJPEG status {code} ({name})")))
 }
 
-/// One image of a batch: where it goes and at what size.
+/// One image of a batch: the JPEG and where it goes.
 #[derive(Debug, Clone, Copy)]
 pub struct JpegSlot<'a> {
-    /// Index of the image in the batch tensor.
-    pub slot: usize,
     pub data: &'a [u8],
-    /// The image's size as the header states it.
-    pub width: usize,
-    pub height: usize,
-    /// The size it is resized to, and where that goes on the canvas.
-    pub scaled: (usize, usize),
-    pub offset: (usize, usize),
-    /// The gray the rest of the canvas is filled with.
-    pub pad_value: u8,
-    /// The resampling, as `peregrine_vision::resample_tables` gives it: one row per output
-    /// column and one per output row (unused when `scaled` is the image's own size).
-    pub columns: &'a [[i32; 4]],
-    pub rows: &'a [[i32; 4]],
+    /// The image's size (as the header states it) and its place on the canvas.
+    pub place: Placement<'a>,
 }
 
 pub struct GpuJpegDecoder {
@@ -95,14 +84,10 @@ pub struct GpuJpegDecoder {
     conversion: ColourConversion,
     /// libjpeg-turbo's YCbCr->RGB tables, on the device.
     colour_tables: DeviceBuffer,
-    /// Every slot's resampling tables for the current batch, on the host (kept until the
-    /// next batch, so the asynchronous upload never reads freed memory) and on the device.
-    host_tables: Vec<[i32; 4]>,
-    tables: DeviceBuffer,
     /// nvJPEG's output, one buffer per position in the decode call, grown as needed.
     decoded: Vec<DeviceBuffer>,
-    /// RGB converted from the planes, for images that are then resized.
-    rgb: Vec<DeviceBuffer>,
+    /// The pad, the tables and the RGB of images that are then resized.
+    writer: CanvasWriter,
     /// The planar output asked of nvJPEG: YUV, or the same planes as "unchanged" where a
     /// backend refuses YUV.
     planar_format: c_int,
@@ -149,16 +134,7 @@ impl GpuJpegDecoder {
             })?;
         }
         let stream = super::create_stream()?;
-        let attr = |a: c_int| -> Result<c_int, CudaError> {
-            let mut v = 0;
-            // SAFETY: writes one attribute value.
-            check(api, "cudaDeviceGetAttribute", unsafe {
-                (api.cuda_device_get_attribute)(&mut v, a, device)
-            })?;
-            Ok(v)
-        };
-        // cudaDevAttrComputeCapabilityMajor / Minor (driver_types.h).
-        let kernels = ImageKernels::compile(attr(75)?, attr(76)?)?;
+        let kernels = ImageKernels::for_device(device)?;
         let colour_tables = upload_colour_tables(&stream)?;
         Ok(Self {
             handle,
@@ -168,10 +144,8 @@ impl GpuJpegDecoder {
             kernels,
             conversion,
             colour_tables,
-            host_tables: Vec::new(),
-            tables: DeviceBuffer::new(0)?,
             decoded: Vec::new(),
-            rgb: Vec::new(),
+            writer: CanvasWriter::new()?,
             planar_format: NVJPEG_OUTPUT_YUV,
         })
     }
@@ -369,138 +343,42 @@ impl GpuJpegDecoder {
         if slots.is_empty() {
             return Ok(());
         }
-        let api = api()?;
-        let n = slots.len();
-        for s in slots {
-            check_geometry(s, canvas_width, canvas_height)?;
-        }
+        let placements: Vec<Placement<'_>> = slots.iter().map(|s| s.place).collect();
+        // SAFETY: as the caller vouches.
+        let targets = unsafe {
+            self.writer
+                .prepare(&placements, canvas, (canvas_width, canvas_height), &self.stream)
+        }?;
         let images: Vec<&[u8]> = slots.iter().map(|s| s.data).collect();
         let decoded = self.decode(&images)?;
         for (s, (info, _)) in slots.iter().zip(&decoded) {
-            if (info.width, info.height) != (s.width, s.height) {
+            let p = &s.place;
+            if (info.width, info.height) != (p.width, p.height) {
                 return Err(CudaError(format!(
                     "slot {}: nvJPEG reads a {}x{} image where the header check read {}x{}",
-                    s.slot, info.width, info.height, s.width, s.height
+                    p.slot, info.width, info.height, p.width, p.height
                 )));
             }
         }
-        while self.rgb.len() < n {
-            self.rgb.push(DeviceBuffer::new(0)?);
-        }
-        let table_at = self.upload_resampling_tables(slots)?;
-        let slot_bytes = canvas_width * canvas_height * 3;
-        let row_bytes = canvas_width * 3;
-        for (i, (s, (_, decoded))) in slots.iter().zip(&decoded).enumerate() {
-            // SAFETY: the caller vouches for the canvas; `check_geometry` kept the image
-            // inside its slot.
-            let base = unsafe { canvas.add(s.slot * slot_bytes) };
-            // SAFETY: as above.
-            check(api, "cudaMemsetAsync", unsafe {
-                (api.cuda_memset_async)(base.cast(), c_int::from(s.pad_value), slot_bytes, self.stream.0)
-            })?;
-            let dst = unsafe { base.add(s.offset.1 * row_bytes + s.offset.0 * 3) };
-            let resized = s.scaled != (s.width, s.height);
+        for (i, ((p, target), (_, decoded))) in placements.iter().zip(&targets).zip(&decoded).enumerate() {
             // The RGB the letterbox reads: nvJPEG's, or ours converted from the planes
-            // (straight into the canvas when there is nothing to resize).
+            // (straight onto the canvas when there is nothing to resize).
             let rgb: *const u8 = match *decoded {
                 Decoded::Rgb(rgb) => rgb,
                 Decoded::Planes(planes) => {
-                    let (out, pitch) = if resized {
-                        grow(&mut self.rgb[i], s.width * s.height * 3)?;
-                        (self.rgb[i].ptr().cast::<u8>(), s.width * 3)
-                    } else {
-                        (dst, row_bytes)
-                    };
+                    let (out, pitch) = self.writer.rgb_target(i, p, target)?;
                     let tables = self.colour_tables.ptr().cast::<i32>();
                     // SAFETY: the planes were written by the decode on this stream; `out`
                     // holds the image at `pitch`.
                     unsafe { self.kernels.ycc_to_rgb(&planes, tables, out, pitch, &self.stream) }?;
-                    if !resized {
-                        continue;
-                    }
                     out
                 }
             };
-            // SAFETY: `rgb` holds the image's RGB rows of `width * 3` bytes, written on this
-            // stream; the tables were uploaded on it; the destination is inside the slot.
-            unsafe { self.place(s, rgb, table_at[i], dst, row_bytes) }?;
+            // SAFETY: `rgb` holds the image's RGB rows, written on this stream; the target
+            // is this batch's.
+            unsafe { self.writer.place(&self.kernels, p, rgb, target, &self.stream) }?;
         }
         super::synchronize(&self.stream)
-    }
-
-    /// Copies or resamples one slot's RGB into its place on the canvas.
-    ///
-    /// # Safety
-    /// As [`Self::letterbox_into`]'s loop says.
-    unsafe fn place(
-        &self,
-        s: &JpegSlot<'_>,
-        rgb: *const u8,
-        table_at: usize,
-        dst: *mut u8,
-        row_bytes: usize,
-    ) -> Result<(), CudaError> {
-        let api = api()?;
-        let (sw, sh) = s.scaled;
-        if s.scaled == (s.width, s.height) {
-            // SAFETY: as the caller vouches.
-            return check(api, "cudaMemcpy2DAsync", unsafe {
-                (api.cuda_memcpy_2d_async)(
-                    dst.cast(),
-                    row_bytes,
-                    rgb as *const c_void,
-                    s.width * 3,
-                    s.width * 3,
-                    s.height,
-                    CopyKind::DeviceToDevice as c_int,
-                    self.stream.0,
-                )
-            });
-        }
-        let columns = unsafe { self.tables.ptr().cast::<i32>().add(table_at * 4) };
-        let rows = unsafe { columns.add(sw * 4) };
-        // SAFETY: as the caller vouches.
-        unsafe {
-            self.kernels.letterbox(
-                rgb,
-                s.width * 3,
-                columns,
-                rows,
-                (sw, sh),
-                dst,
-                row_bytes,
-                &self.stream,
-            )
-        }
-    }
-
-    /// All slots' resampling tables in one upload: columns then rows, slot after slot.
-    /// Returns where each slot's start (in rows of four i32).
-    fn upload_resampling_tables(&mut self, slots: &[JpegSlot<'_>]) -> Result<Vec<usize>, CudaError> {
-        let tables = &mut self.host_tables;
-        tables.clear();
-        let mut table_at = Vec::with_capacity(slots.len());
-        for s in slots {
-            table_at.push(tables.len());
-            tables.extend_from_slice(s.columns);
-            tables.extend_from_slice(s.rows);
-        }
-        let table_bytes = tables.len() * 16;
-        if self.tables.len() < table_bytes {
-            self.tables = DeviceBuffer::new(table_bytes.next_power_of_two())?;
-        }
-        // SAFETY: `host_tables` is left alone until the next batch, after this one's
-        // stream has been synchronised.
-        unsafe {
-            super::copy_async(
-                self.tables.ptr(),
-                tables.as_ptr().cast(),
-                table_bytes,
-                CopyKind::HostToDevice,
-                &self.stream,
-            )
-        }?;
-        Ok(table_at)
     }
 }
 
@@ -521,63 +399,4 @@ fn upload_colour_tables(stream: &Stream) -> Result<DeviceBuffer, CudaError> {
     }?;
     super::synchronize(stream)?;
     Ok(buffer)
-}
-
-/// Replaces `buffer` with a larger one when it holds fewer than `bytes`.
-/// Makes `buffer` hold at least `bytes` of one image's pixels, re-allocating only when it
-/// is too small, to [`image_capacity`].
-fn grow(buffer: &mut DeviceBuffer, bytes: usize) -> Result<(), CudaError> {
-    if buffer.len() < bytes {
-        *buffer = DeviceBuffer::new(image_capacity(bytes))?;
-    }
-    Ok(())
-}
-
-/// Bytes of the smallest per-image buffer: a 1920x1088 image's three full planes (or RGB),
-/// so that camera-sized JPEGs (up to 1080p) never make a buffer grow after the warm-up.
-const MIN_IMAGE_BYTES: usize = 1920 * 1088 * 3;
-
-/// How much to allocate for an image of `bytes`: at least [`MIN_IMAGE_BYTES`], and a power
-/// of two above that, so a buffer grows a few times at most. Growing frees the old buffer,
-/// and `cudaFree` waits for the whole device: every instance's work stalls behind it. With
-/// exact sizes, each of 8 instances' buffers grew at every larger image for the first
-/// minute of traffic, which was the server's warm-up tail (docs/benchmarks.md).
-fn image_capacity(bytes: usize) -> usize {
-    bytes.max(MIN_IMAGE_BYTES).next_power_of_two()
-}
-
-/// Refuses a slot whose image does not fit its canvas or whose tables do not fit its size.
-fn check_geometry(s: &JpegSlot<'_>, canvas_width: usize, canvas_height: usize) -> Result<(), CudaError> {
-    let (sw, sh) = s.scaled;
-    let (left, top) = s.offset;
-    if sw + left > canvas_width || sh + top > canvas_height || sw == 0 || sh == 0 {
-        return Err(CudaError(format!(
-            "slot {}: a {sw}x{sh} image at ({left}, {top}) does not fit a {canvas_width}x{canvas_height} canvas",
-            s.slot
-        )));
-    }
-    let resized = (sw, sh) != (s.width, s.height);
-    if resized && (s.columns.len() != sw || s.rows.len() != sh) {
-        return Err(CudaError(format!(
-            "slot {}: resampling tables for {}x{} given for a {sw}x{sh} image",
-            s.slot,
-            s.columns.len(),
-            s.rows.len()
-        )));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn image_buffers_hold_a_1080p_frame_at_least_and_grow_by_doubling() {
-        assert_eq!(image_capacity(1), 8 << 20);
-        assert_eq!(image_capacity(640 * 640 * 3), 8 << 20);
-        assert!(image_capacity(1920 * 1080 * 3) >= 1920 * 1080 * 3);
-        assert_eq!(image_capacity(3000 * 2000 * 3), 32 << 20);
-        assert_eq!(image_capacity(32 << 20), 32 << 20);
-    }
 }

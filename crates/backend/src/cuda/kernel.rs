@@ -14,7 +14,9 @@
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::ffi::{Api, Handle};
+use peregrine_vision::yuv::Nv12Image;
+
+use super::ffi::{Handle, Nvrtc};
 use super::{api, CudaError, Stream};
 
 /// `ChromaSubsampling` as the kernel numbers it.
@@ -28,85 +30,9 @@ pub enum KernelLayout {
     HalfRows = 4,
 }
 
-const SOURCE: &str = r#"
-// libjpeg-turbo's upsampled chroma sample for full-resolution pixel (x, y) of a plane of
-// w x h samples (jdsample.c: h2v1, h1v2 and h2v2 fancy upsampling; replication where the
-// plane has at most 2 columns and the upsampling is horizontal).
-__device__ __forceinline__ int upsampled(const unsigned char* p, int pitch, int w, int h,
-                                         int layout, int x, int y)
-{
-    int hf = (layout == 2 || layout == 3) ? 2 : 1;
-    int vf = (layout == 3 || layout == 4) ? 2 : 1;
-    int cx = x / hf, cy = y / vf;
-    bool fancy = w > 2;
-    int nx = (x & 1) ? min(cx + 1, w - 1) : max(cx - 1, 0);
-    int ny = (y & 1) ? min(cy + 1, h - 1) : max(cy - 1, 0);
-    const unsigned char* row = p + (size_t)cy * pitch;
-    const unsigned char* other = p + (size_t)ny * pitch;
-    switch (layout) {
-    case 2:
-        if (!fancy) return row[cx];
-        return (3 * row[cx] + row[nx] + ((x & 1) ? 2 : 1)) >> 2;
-    case 4:
-        return (3 * row[cx] + other[cx] + ((y & 1) ? 2 : 1)) >> 2;
-    case 3: {
-        if (!fancy) return row[cx];
-        int near_sum = 3 * row[cx] + other[cx];
-        int far_sum = 3 * row[nx] + other[nx];
-        return (3 * near_sum + far_sum + ((x & 1) ? 7 : 8)) >> 4;
-    }
-    default:
-        return row[x];
-    }
-}
-
-// Tables: Cr->R, Cb->B, Cr->G, Cb->G (256 each), jdcolor.c's build_ycc_rgb_table.
-extern "C" __global__ void ycc_to_rgb(
-    const unsigned char* luma, int luma_pitch,
-    const unsigned char* cb, const unsigned char* cr, int chroma_pitch, int chroma_w, int chroma_h,
-    int layout, const int* tables, int width, int height,
-    unsigned char* dst, int dst_pitch)
-{
-    int x = blockIdx.x * blockDim.x + threadIdx.x;
-    int y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x >= width || y >= height) return;
-    int l = luma[(size_t)y * luma_pitch + x];
-    unsigned char* o = dst + (size_t)y * dst_pitch + 3 * x;
-    if (layout == 0) {
-        o[0] = o[1] = o[2] = (unsigned char)l;
-        return;
-    }
-    int b = upsampled(cb, chroma_pitch, chroma_w, chroma_h, layout, x, y);
-    int r = upsampled(cr, chroma_pitch, chroma_w, chroma_h, layout, x, y);
-    int red = l + tables[r];
-    int green = l + ((tables[768 + b] + tables[512 + r]) >> 16);
-    int blue = l + tables[256 + b];
-    o[0] = (unsigned char)min(max(red, 0), 255);
-    o[1] = (unsigned char)min(max(green, 0), 255);
-    o[2] = (unsigned char)min(max(blue, 0), 255);
-}
-
-extern "C" __global__ void letterbox_bilinear(
-    const unsigned char* src, int src_pitch,
-    const int* columns, const int* rows, int scaled_w, int scaled_h,
-    unsigned char* dst, int dst_pitch)
-{
-    int dx = blockIdx.x * blockDim.x + threadIdx.x;
-    int dy = blockIdx.y * blockDim.y + threadIdx.y;
-    if (dx >= scaled_w || dy >= scaled_h) return;
-    const int* x = columns + 4 * dx;
-    const int* y = rows + 4 * dy;
-    const unsigned char* r0 = src + (size_t)y[0] * src_pitch;
-    const unsigned char* r1 = src + (size_t)y[1] * src_pitch;
-    unsigned char* o = dst + (size_t)dy * dst_pitch + 3 * dx;
-    for (int c = 0; c < 3; ++c) {
-        short a = (short)(((int)r0[x[0] + c] * x[2] + (int)r0[x[1] + c] * x[3]) >> 4);
-        short b = (short)(((int)r1[x[0] + c] * x[2] + (int)r1[x[1] + c] * x[3]) >> 4);
-        int v = ((((int)a * y[2]) >> 16) + (((int)b * y[3]) >> 16) + 2) >> 2;
-        o[c] = (unsigned char)min(max(v, 0), 255);
-    }
-}
-"#;
+/// The kernels' CUDA source, compiled by NVRTC at run time (and, in the tests, by the host's
+/// C++ compiler to check its arithmetic without a GPU).
+const SOURCE: &str = include_str!("image_kernels.cu");
 
 fn driver_check(what: &str, code: i32) -> Result<(), CudaError> {
     if code == 0 {
@@ -131,6 +57,8 @@ pub struct ImageKernels {
     module: Handle,
     letterbox: Handle,
     ycc_to_rgb: Handle,
+    nv12_to_rgb: Handle,
+    letterbox_nv12: Handle,
 }
 
 // SAFETY: modules and functions belong to the context, not to a host thread.
@@ -160,13 +88,29 @@ fn ptx_for(major: i32, minor: i32) -> Result<Arc<Vec<u8>>, CudaError> {
     if let Some((_, ptx)) = cache.iter().find(|(arch, _)| *arch == (major, minor)) {
         return Ok(ptx.clone());
     }
-    let ptx = Arc::new(compile_ptx(api()?, major, minor)?);
+    let ptx = Arc::new(compile_ptx(&api()?.nvrtc, major, minor)?);
     cache.push(((major, minor), ptx.clone()));
     Ok(ptx)
 }
 
+/// Compiles the kernels with the NVRTC library at `library` alone (no driver, no GPU) for
+/// `compute_{major}{minor}` and returns the PTX: what a machine without a GPU can check of
+/// them (the backend's tests do, with the NVRTC the test setup installs).
+pub fn compile_check(library: &std::path::Path, major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
+    // SAFETY: loading NVRTC runs its initialisers, which is what it is for.
+    let lib = unsafe { libloading::Library::new(library) }
+        .map_err(|e| CudaError(format!("NVRTC at {}: {e}", library.display())))?;
+    let nvrtc = Nvrtc::from_library(&lib).map_err(CudaError)?;
+    compile_ptx(&nvrtc, major, minor)
+}
+
 /// Runs NVRTC over the kernels' source for `compute_{major}{minor}`.
-fn compile_ptx(api: &Api, major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
+fn compile_ptx(api: &Nvrtc, major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
+    compile_source(api, SOURCE, major, minor)
+}
+
+/// Runs NVRTC over `source` for `compute_{major}{minor}`.
+fn compile_source(api: &Nvrtc, source: &str, major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
     let nvrtc = |what: &str, code: i32| {
         if code == 0 {
             Ok(())
@@ -174,7 +118,7 @@ fn compile_ptx(api: &Api, major: i32, minor: i32) -> Result<Vec<u8>, CudaError> 
             Err(CudaError(format!("{what}: NVRTC error {code}")))
         }
     };
-    let source = CString::new(SOURCE).expect("no NUL in the source");
+    let source = CString::new(source).expect("no NUL in the source");
     let name = CString::new("image_kernels.cu").expect("no NUL");
     let mut program: Handle = std::ptr::null_mut();
     // SAFETY: creates a program from NUL-terminated strings; no headers.
@@ -223,6 +167,22 @@ fn compile_ptx(api: &Api, major: i32, minor: i32) -> Result<Vec<u8>, CudaError> 
 }
 
 impl ImageKernels {
+    /// The kernels for `device`'s compute capability, loaded into the calling thread's
+    /// current context (which should be `device`'s).
+    pub fn for_device(device: i32) -> Result<Self, CudaError> {
+        let api = api()?;
+        let attr = |a: i32| -> Result<i32, CudaError> {
+            let mut v = 0;
+            // SAFETY: writes one attribute value.
+            super::check(api, "cudaDeviceGetAttribute", unsafe {
+                (api.cuda_device_get_attribute)(&mut v, a, device)
+            })?;
+            Ok(v)
+        };
+        // cudaDevAttrComputeCapabilityMajor / Minor (driver_types.h).
+        Self::compile(attr(75)?, attr(76)?)
+    }
+
     /// Compiles the kernels for compute capability `major.minor` (once per process: see
     /// [`ptx_for`]) and loads them into the calling thread's current context.
     pub fn compile(major: i32, minor: i32) -> Result<Self, CudaError> {
@@ -244,13 +204,25 @@ impl ImageKernels {
             })?;
             Ok(function)
         };
-        match (function("letterbox_bilinear"), function("ycc_to_rgb")) {
-            (Ok(letterbox), Ok(ycc_to_rgb)) => Ok(Self {
+        let names = [
+            "letterbox_bilinear",
+            "ycc_to_rgb",
+            "nv12_to_rgb",
+            "letterbox_nv12",
+        ];
+        match names.map(function) {
+            [Ok(letterbox), Ok(ycc_to_rgb), Ok(nv12_to_rgb), Ok(letterbox_nv12)] => Ok(Self {
                 module,
                 letterbox,
                 ycc_to_rgb,
+                nv12_to_rgb,
+                letterbox_nv12,
             }),
-            (Err(e), _) | (_, Err(e)) => {
+            results => {
+                let e = results
+                    .into_iter()
+                    .find_map(Result::err)
+                    .expect("one lookup failed");
                 // SAFETY: unload what was loaded.
                 unsafe { (api.cu_module_unload)(module) };
                 Err(e)
@@ -348,6 +320,112 @@ impl ImageKernels {
     }
 }
 
+impl ImageKernels {
+    /// Converts `image` (NV12 in device memory) to RGB into the `width` x `height` region
+    /// at `dst` (rows of `dst_pitch` bytes), on `stream`.
+    ///
+    /// # Safety
+    /// The image's planes and the destination must be device memory covering what they
+    /// address, and the planes must not change until the stream has run the kernel.
+    pub unsafe fn nv12_to_rgb(
+        &self,
+        image: &Nv12Image,
+        dst: *mut u8,
+        dst_pitch: usize,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let _nvtx = crate::nvtx::range(c"nv12 kernel");
+        let mut args = Nv12Args::new(image);
+        let [mut width, mut height, mut dst_pitch] = [image.width, image.height, dst_pitch].map(|v| v as i32);
+        let mut dst = dst;
+        let mut params = args.params();
+        params.splice(
+            4..4,
+            [(&mut width as *mut i32).cast(), (&mut height as *mut i32).cast()],
+        );
+        params.extend([
+            (&mut dst as *mut *mut u8).cast(),
+            (&mut dst_pitch as *mut i32).cast(),
+        ]);
+        // SAFETY: the parameters match the kernel's signature (a device address is a
+        // 64-bit pointer parameter); the caller vouches for the memory.
+        unsafe { launch(self.nv12_to_rgb, (image.width, image.height), &mut params, stream) }
+    }
+
+    /// Converts and resamples `image` (NV12 in device memory) into the `scaled_w` x
+    /// `scaled_h` region at `dst` (rows of `dst_pitch` bytes) with the tables (device
+    /// memory, four i32 per column and per row, as for [`Self::letterbox`]), on `stream`.
+    ///
+    /// # Safety
+    /// As [`Self::nv12_to_rgb`], and the tables must cover the region.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn letterbox_nv12(
+        &self,
+        image: &Nv12Image,
+        columns: *const i32,
+        rows: *const i32,
+        scaled: (usize, usize),
+        dst: *mut u8,
+        dst_pitch: usize,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let _nvtx = crate::nvtx::range(c"nv12 letterbox kernel");
+        let mut args = Nv12Args::new(image);
+        let (mut columns, mut rows, mut dst) = (columns, rows, dst);
+        let [mut scaled_w, mut scaled_h, mut dst_pitch] = [scaled.0, scaled.1, dst_pitch].map(|v| v as i32);
+        let mut params = args.params();
+        params.extend([
+            (&mut columns as *mut *const i32).cast(),
+            (&mut rows as *mut *const i32).cast(),
+            (&mut scaled_w as *mut i32).cast(),
+            (&mut scaled_h as *mut i32).cast(),
+            (&mut dst as *mut *mut u8).cast(),
+            (&mut dst_pitch as *mut i32).cast(),
+        ]);
+        // SAFETY: the parameters match the kernel's signature; the caller vouches for the
+        // memory.
+        unsafe { launch(self.letterbox_nv12, scaled, &mut params, stream) }
+    }
+}
+
+/// The parameters every NV12 kernel starts with: the planes' four, then the six
+/// coefficients.
+struct Nv12Args {
+    luma: u64,
+    luma_pitch: i32,
+    chroma: u64,
+    chroma_pitch: i32,
+    coefficients: [i32; 6],
+}
+
+impl Nv12Args {
+    fn new(image: &Nv12Image) -> Self {
+        Self {
+            luma: image.luma,
+            luma_pitch: image.luma_pitch as i32,
+            chroma: image.chroma,
+            chroma_pitch: image.chroma_pitch as i32,
+            coefficients: image.conversion.kernel_coefficients(),
+        }
+    }
+
+    /// Pointers to the parameters, in the kernels' order; valid while `self` is.
+    fn params(&mut self) -> Vec<*mut c_void> {
+        let mut params: Vec<*mut c_void> = vec![
+            (&mut self.luma as *mut u64).cast(),
+            (&mut self.luma_pitch as *mut i32).cast(),
+            (&mut self.chroma as *mut u64).cast(),
+            (&mut self.chroma_pitch as *mut i32).cast(),
+        ];
+        params.extend(
+            self.coefficients
+                .iter_mut()
+                .map(|c| (c as *mut i32).cast::<c_void>()),
+        );
+        params
+    }
+}
+
 /// One decoded JPEG's planes in device memory.
 #[derive(Debug, Clone, Copy)]
 pub struct DevicePlanes {
@@ -393,3 +471,7 @@ unsafe fn launch(
         )
     })
 }
+
+#[cfg(test)]
+#[path = "kernel_tests.rs"]
+mod tests;

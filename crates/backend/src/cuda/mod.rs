@@ -7,8 +7,10 @@
 //! symbol is an error that names it.
 
 mod batched;
+mod canvas;
 pub mod capture;
 mod ffi;
+pub mod frames;
 pub mod jpeg;
 mod kernel;
 mod planes;
@@ -16,8 +18,10 @@ mod planes;
 use std::ffi::{c_void, CStr};
 use std::sync::OnceLock;
 
+pub use canvas::Placement;
 pub use ffi::Stream;
 use ffi::{Api, CUDA_SUCCESS};
+pub use kernel::compile_check;
 
 /// A CUDA, nvJPEG or NVRTC call that failed, or a library that could not be loaded.
 #[derive(Debug, Clone, thiserror::Error)]

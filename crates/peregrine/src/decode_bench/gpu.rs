@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 use peregrine_backend::cuda::jpeg::{ColourConversion, GpuJpegDecoder, JpegSlot};
-use peregrine_backend::cuda::{self, CopyKind, DeviceBuffer};
+use peregrine_backend::cuda::{self, CopyKind, DeviceBuffer, Placement};
 use peregrine_vision::{resample_tables, Letterbox};
 
 use super::Race;
@@ -48,15 +48,17 @@ pub(super) fn slots<'a>(
             let i = (first + slot) % images.len();
             let p = &prepared[i];
             JpegSlot {
-                slot,
                 data: &images[i],
-                width: p.width,
-                height: p.height,
-                scaled: (p.letterbox.scaled_width, p.letterbox.scaled_height),
-                offset: (p.letterbox.left, p.letterbox.top),
-                pad_value: Letterbox::PAD_VALUE,
-                columns: &p.columns,
-                rows: &p.rows,
+                place: Placement {
+                    slot,
+                    width: p.width,
+                    height: p.height,
+                    scaled: (p.letterbox.scaled_width, p.letterbox.scaled_height),
+                    offset: (p.letterbox.left, p.letterbox.top),
+                    pad_value: Letterbox::PAD_VALUE,
+                    columns: &p.columns,
+                    rows: &p.rows,
+                },
             }
         })
         .collect()

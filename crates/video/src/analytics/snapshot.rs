@@ -36,9 +36,15 @@ pub(crate) fn encode(frame: &Frame, overlay: Option<&Overlay<'_>>, crop: Option<
     let (w, h) = (frame.width(), frame.height());
     let region = crop.map(|b| crop_region(b, w, h)).unwrap_or((0, 0, w, h));
     let (x0, y0, cw, ch) = region;
+    let data = match frame.pixels() {
+        Ok(data) => data,
+        Err(e) => {
+            tracing::warn!(stream = %frame.meta.stream, error = %e, "snapshot not made: the frame could not be copied from the GPU");
+            return None;
+        }
+    };
     let mut img = RgbImage::new(cw, ch);
     let row = cw as usize * 3;
-    let data = frame.data();
     for (y, out) in img.chunks_exact_mut(row).enumerate() {
         let start = (y0 as usize + y) * frame.stride() + x0 as usize * 3;
         out.copy_from_slice(&data[start..start + row]);

@@ -12,6 +12,7 @@ use ffmpeg_sys_next as ff;
 
 use super::download::{HostCopy, Planes};
 use super::nvdec::{self, FormatChoice, FormatOutcome};
+use super::surface::{GpuSurface, StreamWait};
 use super::DecodeError;
 
 /// Compressed formats the decoder takes.
@@ -55,8 +56,14 @@ pub enum Hardware {
     #[default]
     Cpu,
     /// NVDEC on GPU `device`; unless `required`, FFmpeg's software decoder takes over for a
-    /// stream NVDEC does not decode.
-    Nvdec { device: i32, required: bool },
+    /// stream NVDEC does not decode. `held_frames`: pictures the caller keeps on the GPU
+    /// ([`DecodedPicture::keep_on_gpu`]) at once at most, each holding a mapped surface,
+    /// which NVDEC must have beyond those it decodes with.
+    Nvdec {
+        device: i32,
+        required: bool,
+        held_frames: usize,
+    },
 }
 
 pub(super) fn error_text(code: c_int) -> String {
@@ -78,6 +85,8 @@ pub struct VideoDecoder {
     /// Set for NVDEC: FFmpeg's `get_format` callback records its choice here (`opaque`).
     hardware: Option<Box<FormatChoice>>,
     host: HostCopy,
+    /// Waits for the decoder's stream before a surface is handed out on the GPU.
+    wait: StreamWait,
     /// FFmpeg reads up to AV_INPUT_BUFFER_PADDING_SIZE bytes past a packet's end, so every
     /// access unit is copied into this zero-padded buffer first.
     padded: Vec<u8>,
@@ -124,6 +133,7 @@ impl VideoDecoder {
                 scaler: Scaler::default(),
                 hardware: None,
                 host: HostCopy::default(),
+                wait: StreamWait::default(),
                 padded: Vec::new(),
                 codec: config.codec,
             };
@@ -143,7 +153,12 @@ impl VideoDecoder {
             }
             (*ctx).thread_count = c_int::try_from(config.threads).unwrap_or(0);
             (*ctx).thread_type = ff::FF_THREAD_FRAME as c_int;
-            if let Hardware::Nvdec { device, required } = hardware {
+            if let Hardware::Nvdec {
+                device,
+                required,
+                held_frames,
+            } = hardware
+            {
                 (*ctx).hw_device_ctx = nvdec::device_ref(device).map_err(DecodeError::NvdecUnavailable)?;
                 let choice = this.hardware.insert(FormatChoice::new(required));
                 (*ctx).opaque = &mut **choice as *mut FormatChoice as *mut std::ffi::c_void;
@@ -151,6 +166,8 @@ impl VideoDecoder {
                 // NVDEC decodes asynchronously on its own; frame threads would only add
                 // delay and surfaces.
                 (*ctx).thread_count = 1;
+                // Output surfaces for the pictures kept on the GPU, over FFmpeg's own.
+                (*ctx).extra_hw_frames = c_int::try_from(held_frames).unwrap_or(c_int::MAX);
             }
             let rc = ff::avcodec_open2(ctx, codec, ptr::null_mut());
             if rc < 0 {
@@ -243,6 +260,7 @@ impl VideoDecoder {
                 frame: self.frame,
                 scaler: &mut self.scaler,
                 host: &mut self.host,
+                wait: &mut self.wait,
                 width,
                 height,
                 pts,
@@ -271,6 +289,7 @@ pub struct DecodedPicture<'a> {
     frame: *const ff::AVFrame,
     scaler: &'a mut Scaler,
     host: &'a mut HostCopy,
+    wait: &'a mut StreamWait,
     pub width: u32,
     pub height: u32,
     /// The `pts` given with the access unit this picture came from.
@@ -278,6 +297,15 @@ pub struct DecodedPicture<'a> {
 }
 
 impl DecodedPicture<'_> {
+    /// Keeps this picture in GPU `device`'s memory instead of converting it, once the
+    /// decoder's work on it is done: `None` when it is not one that can stay there (see
+    /// [`super::surface::unsuitable`]: a CPU-decoded picture, 10-bit, odd height).
+    pub fn keep_on_gpu(&mut self, device: i32) -> Result<Option<GpuSurface>, DecodeError> {
+        let wait = &mut *self.wait;
+        // SAFETY: the frame is a valid decoded picture for the duration of this borrow.
+        unsafe { GpuSurface::keep(self.frame, device, |ctx, stream| wait.wait(ctx, stream)) }
+    }
+
     /// Converts to packed RGB8 into `out`: `height` rows of `stride` bytes.
     pub fn to_rgb(&mut self, out: &mut [u8], stride: usize) -> Result<(), DecodeError> {
         let rows = self.height as usize;

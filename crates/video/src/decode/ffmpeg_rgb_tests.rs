@@ -64,10 +64,12 @@ fn swscale(p: &Picture) -> (Vec<u8>, usize) {
     let stride = (width as usize * 3).next_multiple_of(crate::frame::ROW_ALIGN);
     let mut out = vec![0u8; stride * height as usize];
     let (mut scaler, mut host) = (Scaler::default(), HostCopy::default());
+    let mut wait = StreamWait::default();
     let mut picture = DecodedPicture {
         frame: p.0,
         scaler: &mut scaler,
         host: &mut host,
+        wait: &mut wait,
         width,
         height,
         pts: 0,

@@ -83,6 +83,8 @@ pub struct DecoderDefaults {
     pub kind: DecoderKind,
     /// The GPUs the models run on (empty: the CPU provider).
     pub model_gpus: Vec<i32>,
+    /// The models take frames in GPU memory (`--gpu-frames`): NVDEC's pictures stay there.
+    pub gpu_frames: bool,
 }
 
 impl DecoderDefaults {
@@ -117,6 +119,18 @@ impl DecoderDefaults {
                 device: gpu.unwrap_or(0),
                 required: true,
             },
+        }
+    }
+}
+
+impl DecoderDefaults {
+    /// Whether a stream decoding on `plan` leaves its pictures in GPU memory: only with
+    /// `gpu_frames`, on NVDEC, and on a GPU the models run on (a frame on another GPU would
+    /// be copied down again for them).
+    pub fn keeps_frames_on_gpu(&self, plan: &DecodePlan) -> bool {
+        match plan {
+            DecodePlan::Nvdec { device, .. } => self.gpu_frames && self.model_gpus.contains(device),
+            DecodePlan::Cpu { .. } => false,
         }
     }
 }
@@ -171,7 +185,29 @@ mod tests {
         DecoderDefaults {
             kind,
             model_gpus: model_gpu.into_iter().collect(),
+            gpu_frames: false,
         }
+    }
+
+    #[test]
+    fn frames_stay_on_the_gpu_only_when_asked_on_nvdec_and_on_a_models_gpu() {
+        let mut defaults = DecoderDefaults {
+            kind: DecoderKind::Auto,
+            model_gpus: vec![1],
+            gpu_frames: true,
+        };
+        let on = |device| DecodePlan::Nvdec {
+            device,
+            required: false,
+        };
+        assert!(defaults.keeps_frames_on_gpu(&on(1)));
+        assert!(
+            !defaults.keeps_frames_on_gpu(&on(0)),
+            "not a GPU the models run on"
+        );
+        assert!(!defaults.keeps_frames_on_gpu(&DecodePlan::Cpu { reason: None }));
+        defaults.gpu_frames = false;
+        assert!(!defaults.keeps_frames_on_gpu(&on(1)));
     }
 
     impl DecoderDefaults {
@@ -186,6 +222,7 @@ mod tests {
         let two = DecoderDefaults {
             kind: DecoderKind::Auto,
             model_gpus: vec![0, 1],
+            gpu_frames: false,
         };
         let nvdec = |device| DecodePlan::Nvdec {
             device,

@@ -7,6 +7,7 @@ pub mod ffmpeg;
 mod ffmpeg_log;
 pub mod hardware;
 pub mod nvdec;
+pub mod surface;
 pub mod worker;
 
 pub use ffmpeg::{Codec, DecodedPicture, DecoderConfig, Hardware, VideoDecoder};

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::hardware::{ActiveDecoder, DecodePlan, DecoderStatusCell};
 use super::nvdec::FormatOutcome;
 use super::{DecodeError, DecodedPicture, DecoderConfig, Hardware, VideoDecoder};
-use crate::frame::{CaptureTime, ClockSource, Frame, FrameMeta, FramePool, Pts};
+use crate::frame::{CaptureTime, ClockSource, DeviceSurface, Frame, FrameMeta, FramePool, Pts};
 use crate::latest::LatestSlot;
 use crate::sampling::FrameSampler;
 use crate::source::{EncodedFrame, SourceError};
@@ -61,6 +61,9 @@ pub struct DecodeWorkerConfig {
     pub plan: DecodePlan,
     /// Where the thread says what decodes (the stream's status reads it).
     pub status: DecoderStatusCell,
+    /// Leave NVDEC's pictures in GPU memory for a model that takes them there
+    /// ([`crate::DecoderDefaults::keeps_frames_on_gpu`]) instead of converting them here.
+    pub gpu_frames: bool,
 }
 
 /// The source side's handle to a stream's decode thread.
@@ -245,7 +248,20 @@ impl DecodeThread {
         self.hardware_pending = false;
         let (hardware, cpu_reason) = match &self.config.plan {
             DecodePlan::Cpu { reason } => (Hardware::Cpu, reason.clone()),
-            &DecodePlan::Nvdec { device, required } => (Hardware::Nvdec { device, required }, None),
+            &DecodePlan::Nvdec { device, required } => {
+                // Each frame a stream has out holds a surface when frames stay on the GPU.
+                let held_frames = if self.config.gpu_frames {
+                    self.config.pool.capacity()
+                } else {
+                    0
+                };
+                let hardware = Hardware::Nvdec {
+                    device,
+                    required,
+                    held_frames,
+                };
+                (hardware, None)
+            }
         };
         let required = matches!(hardware, Hardware::Nvdec { required: true, .. });
         let opened = match VideoDecoder::open_on(config, hardware) {
@@ -354,18 +370,56 @@ impl DecodeThread {
             pts: Pts::from_90k(pic.pts),
             capture,
         };
+        let frame = match self.on_gpu(&mut pic) {
+            Some(surface) => {
+                let frame = self.config.pool.take_on_device(surface, meta);
+                if frame.is_none() {
+                    self.counters.dropped(DropReason::PoolExhausted);
+                }
+                frame
+            }
+            None => self.on_host(&mut pic, meta),
+        };
+        let Some(frame) = frame else {
+            return;
+        };
+        if self.slot.put(frame).is_some() {
+            self.counters.dropped(DropReason::Superseded);
+        }
+    }
+
+    /// The picture left in GPU memory, when frames stay there and this one can.
+    fn on_gpu(&mut self, pic: &mut DecodedPicture<'_>) -> Option<Arc<dyn DeviceSurface>> {
+        let DecodePlan::Nvdec { device, .. } = self.config.plan else {
+            return None;
+        };
+        if !self.config.gpu_frames || self.config.pool.outstanding() >= self.config.pool.capacity() {
+            return None;
+        }
+        match pic.keep_on_gpu(device) {
+            Ok(Some(surface)) => Some(Arc::new(surface)),
+            // A CPU-decoded or 10-bit picture: converted here.
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(stream = %self.config.stream, error = %e, "picture converted on the host instead");
+                None
+            }
+        }
+    }
+
+    /// The picture converted to RGB in a pooled buffer; `None` when the pool is empty or
+    /// the conversion fails (counted).
+    fn on_host(&mut self, pic: &mut DecodedPicture<'_>, meta: FrameMeta) -> Option<Frame> {
         let Some(mut frame) = self.config.pool.take(pic.width, pic.height, meta) else {
             self.counters.dropped(DropReason::PoolExhausted);
-            return;
+            return None;
         };
         let stride = frame.stride();
         if let Err(e) = pic.to_rgb(frame.data_mut(), stride) {
             self.counters.dropped(DropReason::DecodeError);
             tracing::debug!(stream = %self.config.stream, error = %e, "conversion failed");
-            return;
+            return None;
         }
-        if self.slot.put(frame).is_some() {
-            self.counters.dropped(DropReason::Superseded);
-        }
+        Some(frame)
     }
 }

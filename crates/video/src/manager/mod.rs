@@ -155,6 +155,8 @@ pub struct StreamReport {
     pub config: StreamConfig,
     /// Frame buffers in use (of `config.frame_pool`).
     pub frames_in_use: usize,
+    /// Of those, pictures left in GPU memory (`--gpu-frames`).
+    pub frames_on_gpu: usize,
     /// What decodes the stream (CPU or NVDEC) and why.
     pub decoder: DecoderStatus,
 }
@@ -343,6 +345,7 @@ impl Owner {
                             counters: s.counters.snapshot(),
                             config: s.config.redacted(),
                             frames_in_use: s.pool.outstanding(),
+                            frames_on_gpu: s.pool.on_device(),
                             decoder: s.decoder.get(),
                         })
                         .ok_or_else(|| self.missing(name));
@@ -477,6 +480,7 @@ impl Owner {
                 queue: config.decode_queue,
                 pool: pool.clone(),
                 clock: self.options.clock.clone(),
+                gpu_frames: self.options.decoder.keeps_frames_on_gpu(&plan),
                 plan,
                 status: decoder.clone(),
             },

@@ -128,7 +128,7 @@ fn run_model(mut detector: Detector, rx: Receiver<Job>, batch: usize) {
         let views: Vec<ImageView<'_>> = live
             .iter()
             .map(|j| ImageView {
-                data: j.frame.data(),
+                data: j.frame.pixels().expect("host frames"),
                 width: j.frame.width() as usize,
                 height: j.frame.height() as usize,
                 stride: j.frame.stride(),

@@ -295,7 +295,9 @@ impl FrameDetector for InstantDetector {
         _deadline: std::time::Instant,
     ) -> BoxFuture<'static, Result<Vec<Detection>, DetectError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let ok = frame.data().len() >= frame.stride() * frame.height() as usize;
+        let ok = frame
+            .pixels()
+            .is_ok_and(|p| p.len() >= frame.stride() * frame.height() as usize);
         let (w, h) = (frame.width() as f32, frame.height() as f32);
         drop(frame);
         Box::pin(async move {
