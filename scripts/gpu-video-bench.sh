@@ -11,7 +11,8 @@
 # `frames` step); CLIPS_DIR the clips of scripts/make-video-corpus.sh (and any others to
 # compare). STEPS (default "parity decode serve churn") picks the parts, among them also
 # `frames` (canvases made on the GPU from NVDEC's surfaces against the CPU path's, every
-# picture of every clip, without ONNX Runtime) and `gpuframes` (the 1080p sweep with
+# picture of every clip, and decoding capacity with the pictures left on the GPU, without
+# ONNX Runtime; DECODE_STREAMS_GPU_FRAMES, default 100,150,200) and `gpuframes` (the 1080p sweep with
 # detection, NVDEC decoding, without and with --gpu-frames; GPU_FRAMES_STREAMS, default
 # 50,100,125);
 # DECODE_STREAMS_CPU / DECODE_STREAMS_NVDEC and SERVE_STREAMS_CPU / SERVE_STREAMS_NVDEC the
@@ -93,6 +94,11 @@ if [[ " $steps " == *" frames "* ]]; then
     say ""
     say "## Frames letterboxed on the GPU against the CPU path (gpu_frames_parity, every picture)"
     timeout 400 "$bin/gpu_frames_parity" "$clips"/*.mp4 2>"$out/frames.log" | quiet | tee -a "$results"
+    say ""
+    say "## Decoding only, nvdec, pictures left on the GPU, $(basename "$clip1080") every frame (capacity --detector fake --gpu-frames)"
+    timeout 400 "$bin/capacity" --detector fake --decoder nvdec --gpu-frames --fps 0 --clip "$clip1080" \
+        --streams "${DECODE_STREAMS_GPU_FRAMES:-100,150,200}" --seconds 10 --warmup "$warmup" \
+        2>"$out/capacity-gpu-frames.log" | grep -E '^\||decoder' | tee -a "$results"
 fi
 
 if [[ " $steps " == *" gpuframes "* ]]; then

@@ -235,6 +235,8 @@ pub struct DeviceFrameBackend {
     description: ModelDescription,
     input: Vec<u8>,
     pub device: i32,
+    /// Off: a plain canvas model that takes no frames on a device (the same outputs).
+    pub takes_frames: bool,
     /// Frame slots the "device" letterboxed.
     pub frames_taken: Arc<Mutex<usize>>,
 }
@@ -245,6 +247,7 @@ impl DeviceFrameBackend {
             description: canvas_description(),
             input: Vec::new(),
             device,
+            takes_frames: true,
             frames_taken,
         }
     }
@@ -315,7 +318,7 @@ impl Backend for DeviceFrameBackend {
     }
 
     fn frames_device(&self) -> Option<i32> {
-        Some(self.device)
+        self.takes_frames.then_some(self.device)
     }
 
     fn run_with_device_slots(

@@ -12,7 +12,9 @@
 //! ```
 //!
 //! `--decoder cpu|nvdec|auto` picks the streams' decoder (auto as on a GPU server); the
-//! table gives the process's CPU use (from /proc) beside the frame rates.
+//! table gives the process's CPU use (from /proc) beside the frame rates. `--gpu-frames`
+//! leaves NVDEC's pictures in GPU memory as a server with `--gpu-frames` does (nothing is
+//! converted on the host: with `--detector fake`, the decoding's own cost).
 //!
 //! `--fps 0` detects every frame. `--detector fake` answers at once with nothing (decode
 //! capacity); `--detector cpu` runs yolo11n on ONNX Runtime's CPU provider (set
@@ -59,6 +61,7 @@ struct Args {
     max_batch: usize,
     staleness_ms: u64,
     decoder: DecoderKind,
+    gpu_frames: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -74,6 +77,7 @@ fn parse_args() -> Result<Args, String> {
         max_batch: 4,
         staleness_ms: 1000,
         decoder: DecoderKind::Cpu,
+        gpu_frames: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -96,6 +100,7 @@ fn parse_args() -> Result<Args, String> {
             "--max-batch" => a.max_batch = num(value()?)? as usize,
             "--staleness-ms" => a.staleness_ms = num(value()?)?,
             "--decoder" => a.decoder = value()?.parse()?,
+            "--gpu-frames" => a.gpu_frames = true,
             other => return Err(format!("unknown flag {other} (see the example's doc comment)")),
         }
     }
@@ -155,7 +160,7 @@ async fn run(args: &Args, detector: Arc<dyn FrameDetector>, n: usize) -> String 
     options.decoder = DecoderDefaults {
         kind: args.decoder,
         model_gpus: vec![0],
-        gpu_frames: false,
+        gpu_frames: args.gpu_frames,
     };
     // The clip's folder is the one file root the streams need.
     let folder = args.clip.parent().filter(|p| !p.as_os_str().is_empty());

@@ -65,7 +65,7 @@ pub use event::{
     StatusChange, StreamStatus,
 };
 pub use fanout::{EventSubscription, ObjectSubscription, SinkQueue, Subscription};
-pub use frame::{CaptureTime, ClockSource, DeviceSurface, Frame, FrameMeta, Pts};
+pub use frame::{CaptureTime, ClockSource, DeviceSurface, Frame, FrameMeta, FramePool, Pts};
 pub use manager::{
     ManagerError, ManagerOptions, StreamManager, StreamManagerHandle, StreamReport, StreamSummary,
 };
