@@ -12,7 +12,8 @@
 #   newer glibc (scripts/fetch-perf-analyzer.sh);
 # - the video tests' RTSP server (GStreamer), MQTT broker (mosquitto) and H.265 test clip
 #   (scripts/setup-video-peers.sh);
-# - NVRTC in .cache/nvrtc (scripts/fetch-nvrtc.sh), to compile the GPU kernels in a test;
+# - NVRTC in .cache/nvrtc (scripts/fetch-nvrtc.sh), to compile the GPU kernels in a test,
+#   and a C++ compiler (g++) to run their source on the host in another;
 # - promtool, from Debian's prometheus package, for the alert rules and dashboard queries in
 #   deploy/ (tests/deploy/test_monitoring.py).
 # Idempotent: reinstalls the environment only when the requirements change.
@@ -44,8 +45,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "$want" >"$stamp"
 fi
 
-# NVRTC, for the backend's test that compiles the GPU kernels without a GPU.
+# NVRTC, for the backend's test that compiles the GPU kernels without a GPU; a C++ compiler
+# for the test that runs the same kernels' source on the host.
 PYTHON="$venv/bin/python" scripts/fetch-nvrtc.sh .cache/nvrtc
+if ! command -v c++ >/dev/null 2>&1; then
+    echo "setup-test: installing g++ (for the GPU kernels' host test)" >&2
+    sudo_if_needed apt-get update -qq
+    sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null
+fi
 
 if ! command -v promtool >/dev/null 2>&1; then
     echo "setup-test: installing prometheus (for promtool)" >&2
