@@ -146,13 +146,22 @@ fn compare(clip: &Clip, device: i32, gpu: &mut GpuSide) -> Result<Tally, String>
         tally.gpu += started.elapsed();
         let started = Instant::now();
         let (w, h) = (pic.width as usize, pic.height as usize);
-        rgb.resize(w * h * 3, 0);
-        if let Err(e) = pic.to_rgb(&mut rgb, w * 3) {
+        // Rows padded as a stream's frames are: swscale's x86 converter works in steps of
+        // 8 pixels and leaves the last (width mod 8) unconverted when a row has no room
+        // for the whole step.
+        let stride = (w * 3).next_multiple_of(64);
+        rgb.resize(stride * h, 0);
+        if let Err(e) = pic.to_rgb(&mut rgb, stride) {
             tally.first_error.get_or_insert(e.to_string());
             return;
         }
         let mut cpu_canvas = Vec::new();
-        let view = ImageView::packed(&rgb, w, h).expect("a whole picture");
+        let view = ImageView {
+            data: &rgb,
+            width: w,
+            height: h,
+            stride,
+        };
         scratch.fill_into(view, imgsz, imgsz, &mut cpu_canvas);
         tally.cpu += started.elapsed();
         tally.kept += 1;

@@ -50,7 +50,7 @@ async fn read_clip(path: PathBuf) -> Result<Clip, String> {
     })
 }
 
-/// Decodes the clip; `keep` stores every picture's RGB (rows packed, no padding).
+/// Decodes the clip; `keep` stores every picture's RGB (rows packed, padding left out).
 fn decode(clip: &Clip, hardware: Hardware, keep: bool) -> Result<(Vec<Vec<u8>>, usize, String), String> {
     let mut decoder = VideoDecoder::open_on(&clip.decoder, hardware).map_err(|e| e.to_string())?;
     let mut rgb = Vec::new();
@@ -60,13 +60,22 @@ fn decode(clip: &Clip, hardware: Hardware, keep: bool) -> Result<(Vec<Vec<u8>>, 
         if keep || count % 5 == 0 {
             // Streams convert only sampled pictures; converting one in five when not
             // comparing prices the download and conversion too.
-            let stride = pic.width as usize * 3;
+            // Rows padded as a stream's frames are: with rows of exactly `width * 3` bytes,
+            // swscale's x86 converter (steps of 8 pixels) leaves the last (width mod 8)
+            // pixels of each row unconverted, on both sides of the comparison alike.
+            let row = pic.width as usize * 3;
+            let stride = row.next_multiple_of(64);
             rgb.resize(stride * pic.height as usize, 0);
             if let Err(e) = pic.to_rgb(&mut rgb, stride) {
                 error.get_or_insert(e.to_string());
             }
             if keep {
-                pictures.push(rgb.clone());
+                pictures.push(
+                    rgb.chunks_exact(stride)
+                        .flat_map(|r| &r[..row])
+                        .copied()
+                        .collect(),
+                );
             }
         }
     };
