@@ -14,11 +14,15 @@
 # picture of every clip, and decoding capacity with the pictures left on the GPU, without
 # ONNX Runtime; DECODE_STREAMS_GPU_FRAMES, default 100,150,200) and `gpuframes` (the 1080p sweep with
 # detection, NVDEC decoding, without and with --gpu-frames; GPU_FRAMES_STREAMS, default
-# 50,100,125);
+# 50,100,125) and `wide` (the 720p25 clip at every frame with --gpu-frames, the square 640x640
+# canvas against the 384x640 one that fits 16:9 pictures, WIDE_STREAMS, default 150,200,250,
+# and the 1080p clip on the 384x640 canvas, WIDE_STREAMS_1080, default 150,200; then the model
+# alone at both sizes, batches of 16 on 8 instances);
 # DECODE_STREAMS_CPU / DECODE_STREAMS_NVDEC and SERVE_STREAMS_CPU / SERVE_STREAMS_NVDEC the
 # stream counts of the capacity sweeps (1080p25 clip, every frame), DECODE_STREAMS_720 and
 # SERVE_STREAMS_720 those of the NVDEC sweeps of the 720p25 clip; churn adds and removes
-# 100 NVDEC streams twice (scripts/stream-churn.py). Writes OUT_DIR/results.md.
+# 100 NVDEC streams twice (scripts/stream-churn.py; CHURN_FLAGS adds serve flags, e.g.
+# --gpu-frames). Writes OUT_DIR/results.md.
 #
 # The 1080p clip is bbb-1080p25-camera.mp4 (no B-frames, as cameras send) where the clips
 # have it: a clip with B-frames adds its reorder delay (up to ~150 ms at 25 fps) to every
@@ -114,10 +118,37 @@ if [[ " $steps " == *" gpuframes "* ]]; then
     done
 fi
 
+if [[ " $steps " == *" wide "* ]]; then
+    flags=(--provider cuda --threads 1 --prefer-nhwc --instances 8 --max-batch 16
+        --padded-batch-sizes 1,2,4,8,12,16 --session-per-batch-size true --max-queue-delay-us 4000 --gpu-frames)
+    for imgsz in 384,640 640; do
+        counts="${WIDE_STREAMS:-150,200,250}"
+        [ "$imgsz" = 640 ] && counts="${counts%,*}"
+        say ""
+        say "## Streams with detection, NVDEC, frames on the GPU, $(basename "$clip720") every frame, --imgsz $imgsz (bench-video.py; ${flags[*]})"
+        timeout 200 python3 "$root/scripts/bench-video.py" --bin "$bin/peregrine" --clip "$clip720" --fps 0 \
+            --streams "$counts" --seconds 10 --settle "$warmup" --decoder auto \
+            -- "${flags[@]}" --imgsz "$imgsz" 2>"$out/wide-$imgsz.log" | tee -a "$results"
+    done
+    say ""
+    say "## Streams with detection, NVDEC, frames on the GPU, $(basename "$clip1080") every frame, --imgsz 384,640"
+    timeout 150 python3 "$root/scripts/bench-video.py" --bin "$bin/peregrine" --clip "$clip1080" --fps 0 \
+        --streams "${WIDE_STREAMS_1080:-150,200}" --seconds 10 --settle "$warmup" --decoder auto \
+        -- "${flags[@]}" --imgsz 384,640 2>"$out/wide-1080.log" | tee -a "$results"
+    say ""
+    say "## The model alone, 8 instances, batches of 16 (bench-model --fixed-shapes --device-io)"
+    for imgsz in 640 384,640; do
+        say "--imgsz $imgsz: $(timeout 60 "$bin/peregrine" bench-model --provider cuda --threads 1 --prefer-nhwc \
+            --fixed-shapes --graph-rewrite on --device-io --instances 8 --batch 16 --seconds 4 --imgsz "$imgsz" \
+            2>"$out/model-$imgsz.log" | grep -E '^batch' | tail -1)"
+    done
+fi
+
 if [[ " $steps " == *" churn "* ]]; then
     say ""
     say "## 100 NVDEC streams added and removed, twice (stream-churn.py)"
+    # shellcheck disable=SC2086 # CHURN_FLAGS are words to split
     timeout 300 python3 "$root/scripts/stream-churn.py" --bin "$bin/peregrine" --clip "$clip1080" \
         --count 100 --rounds 2 --decoder nvdec -- --provider cuda --threads 1 --instances 1 --max-batch 32 \
-        --padded-batch-sizes 1,4,16,32 --session-per-batch-size true 2>"$out/churn.log" | tee -a "$results"
+        --padded-batch-sizes 1,4,16,32 --session-per-batch-size true ${CHURN_FLAGS:-} 2>"$out/churn.log" | tee -a "$results"
 fi

@@ -69,6 +69,11 @@ impl HostNv12 {
 }
 
 fn start_frames(device: Option<i32>) -> (Engine, Arc<Mutex<usize>>) {
+    start_frames_on(device, (32, 32))
+}
+
+/// An engine whose model's canvas is `canvas` (width, height).
+fn start_frames_on(device: Option<i32>, canvas: (usize, usize)) -> (Engine, Arc<Mutex<usize>>) {
     let taken = Arc::new(Mutex::new(0));
     let t = taken.clone();
     let factory = move |_instance: usize| -> Result<Detector, EngineError> {
@@ -78,7 +83,10 @@ fn start_frames(device: Option<i32>) -> (Engine, Arc<Mutex<usize>>) {
             run_sizes: vec![],
         };
         match device {
-            Some(d) => Detector::new(Box::new(DeviceFrameBackend::new(d, t.clone())), &config),
+            Some(d) => Detector::new(
+                Box::new(DeviceFrameBackend::with_canvas(d, t.clone(), canvas)),
+                &config,
+            ),
             None => Detector::new(
                 Box::new(SlowBackend::new(Duration::ZERO, Arc::default())),
                 &config,
@@ -90,7 +98,18 @@ fn start_frames(device: Option<i32>) -> (Engine, Arc<Mutex<usize>>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_on_the_gpu_gets_the_canvas_the_host_path_makes() {
-    let (engine, taken) = start_frames(Some(0));
+    canvases_match_on((32, 32)).await;
+}
+
+/// A wide canvas (as `imgsz = [384, 640]` gives 16:9 cameras): the placement and the
+/// rows' stride follow the canvas's own width and height.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_on_the_gpu_gets_the_host_canvas_on_a_wide_canvas_too() {
+    canvases_match_on((40, 24)).await;
+}
+
+async fn canvases_match_on(canvas: (usize, usize)) {
+    let (engine, taken) = start_frames_on(Some(0), canvas);
     engine.wait_ready().await.unwrap();
     assert_eq!(engine.frames_device(), Some(0));
     // Landscape, portrait, upscaled and odd-width pictures all take the letterbox's path.

@@ -31,9 +31,14 @@ pub fn description() -> ModelDescription {
 
 /// The fake model with the rewritten graph's input: a uint8 `[N, 32, 32, 3]` canvas.
 fn canvas_description() -> ModelDescription {
+    sized_canvas_description(32, 32)
+}
+
+/// A uint8 NHWC canvas input of `width` x `height`.
+fn sized_canvas_description(width: usize, height: usize) -> ModelDescription {
     let mut description = description();
     description.inputs[0].element = ElementType::U8;
-    description.inputs[0].dims = vec![Dim::Dynamic, Dim::Fixed(32), Dim::Fixed(32), Dim::Fixed(3)];
+    description.inputs[0].dims = vec![Dim::Dynamic, Dim::Fixed(height), Dim::Fixed(width), Dim::Fixed(3)];
     description
 }
 
@@ -233,6 +238,8 @@ impl Backend for DeviceJpegBackend {
 /// each slot's whole canvas, so two ways of making a canvas can be compared.
 pub struct DeviceFrameBackend {
     description: ModelDescription,
+    /// The canvas (width, height).
+    canvas: (usize, usize),
     input: Vec<u8>,
     pub device: i32,
     /// Off: a plain canvas model that takes no frames on a device (the same outputs).
@@ -242,9 +249,16 @@ pub struct DeviceFrameBackend {
 }
 
 impl DeviceFrameBackend {
+    /// With a 32x32 canvas.
     pub fn new(device: i32, frames_taken: Arc<Mutex<usize>>) -> Self {
+        Self::with_canvas(device, frames_taken, (32, 32))
+    }
+
+    /// With a `canvas.0` x `canvas.1` canvas (width, height).
+    pub fn with_canvas(device: i32, frames_taken: Arc<Mutex<usize>>, canvas: (usize, usize)) -> Self {
         Self {
-            description: canvas_description(),
+            description: sized_canvas_description(canvas.0, canvas.1),
+            canvas,
             input: Vec::new(),
             device,
             takes_frames: true,
@@ -330,11 +344,11 @@ impl Backend for DeviceFrameBackend {
         if !device.jpegs.is_empty() {
             return Err(BackendError::Inference("no JPEGs here".into()));
         }
-        let slot = 32 * 32 * 3;
+        let slot = self.canvas.0 * self.canvas.1 * 3;
         for f in device.frames {
             let at = f.place.slot * slot;
             // SAFETY: the tests that send frames here describe host buffers they keep.
-            unsafe { letterbox_frame_on_host(f, &mut self.input[at..at + slot], 32) };
+            unsafe { letterbox_frame_on_host(f, &mut self.input[at..at + slot], self.canvas.0) };
         }
         *self.frames_taken.lock().unwrap() += device.frames.len();
         self.run(shape, output)
@@ -342,7 +356,7 @@ impl Backend for DeviceFrameBackend {
 
     fn run(&mut self, shape: [usize; 4], output: &mut OutputBuffer) -> Result<(), BackendError> {
         let n = shape[0];
-        let slot = 32 * 32 * 3;
+        let slot = self.canvas.0 * self.canvas.1 * 3;
         output.shape = vec![n, 1, 6];
         output.data.clear();
         for i in 0..n {

@@ -136,7 +136,7 @@ impl AuthSettings {
                         access.replace(AccessControl::with_keys(keys));
                     }
                     Err(e) => {
-                        tracing::error!(path = %path.display(), "API keys not reloaded, the old ones stay: {e:#}")
+                        tracing::error!(path = %path.display(), "API keys not reloaded, the old ones stay: {}", crate::error_chain::one_line(&e))
                     }
                 }
             }

@@ -75,7 +75,13 @@ pub fn run(args: DetectArgs) -> Result<ExitCode> {
         match decoded {
             Ok(img) => pending.push((path, img)),
             Err(e) => {
-                progress.suspend(|| eprintln!("peregrine: {}: {e:#}", path.display()));
+                progress.suspend(|| {
+                    eprintln!(
+                        "peregrine: {}: {}",
+                        path.display(),
+                        crate::error_chain::one_line(&e)
+                    )
+                });
                 failures += 1;
                 progress.inc(1);
             }
@@ -88,7 +94,13 @@ pub fn run(args: DetectArgs) -> Result<ExitCode> {
                 emit(&mut out, args.format, &path, &img, &dets, &names)?;
                 if let Some(dir) = &args.save {
                     if let Err(e) = save_annotated(dir, &path, img, &dets, &names) {
-                        progress.suspend(|| eprintln!("peregrine: {}: not saved: {e:#}", path.display()));
+                        progress.suspend(|| {
+                            eprintln!(
+                                "peregrine: {}: not saved: {}",
+                                path.display(),
+                                crate::error_chain::one_line(&e)
+                            )
+                        });
                         failures += 1;
                     }
                 }

@@ -5,6 +5,7 @@ mod auth_config;
 mod cli;
 mod decode_bench;
 mod detect;
+mod error_chain;
 mod events_config;
 mod gb28181_config;
 mod inputs;
@@ -41,7 +42,7 @@ fn main() -> ExitCode {
         cli::Command::Serve(_) => match start_traces() {
             Ok(traces) => traces,
             Err(e) => {
-                eprintln!("peregrine: {e:#}");
+                eprintln!("peregrine: {}", error_chain::one_line(&e));
                 return ExitCode::FAILURE;
             }
         },
@@ -63,7 +64,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("peregrine: {e:#}");
+            eprintln!("peregrine: {}", error_chain::one_line(&e));
             ExitCode::FAILURE
         }
     }
