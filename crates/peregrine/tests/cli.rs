@@ -104,6 +104,25 @@ fn missing_inputs_and_bad_flags_are_clear() {
     assert!(stderr.contains("could not load the model"), "{stderr}");
 }
 
+/// A model whose input size is fixed refuses another `--imgsz`, and says why once (the
+/// cause was printed twice when an error quoted its source and also chained it).
+#[test]
+fn a_size_a_fixed_model_cannot_run_at_is_refused_once() {
+    let model = common::shared_dir().join("models/yolo26n-e2e.onnx");
+    let out = peregrine(&args(&[
+        "detect",
+        "--model",
+        model.to_str().unwrap(),
+        "--imgsz",
+        "384,640",
+        &image("bus.jpg"),
+    ]));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let why = "the model's input is fixed at 640x640; it cannot run at the requested 384x640";
+    assert_eq!(stderr.matches(why).count(), 1, "{stderr}");
+}
+
 #[test]
 fn a_missing_runtime_library_says_what_to_do() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_peregrine"))
