@@ -2,8 +2,10 @@
 Peregrine: health, metadata, configuration, JPEG detection checked against Ultralytics'
 reference detections, raw tensors, errors, statistics, the model repository, streaming."""
 
+import importlib.util
 import io
 import json
+import pathlib
 import queue
 
 import numpy as np
@@ -35,29 +37,17 @@ def reference():
         return json.load(f)["images"]
 
 
-def iou(a, b):
-    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = iw * ih
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
+# The matching rule of scripts/compare-detections.py (a file name Python cannot import).
+_spec = importlib.util.spec_from_file_location(
+    "compare_detections", pathlib.Path(__file__).resolve().parents[2] / "scripts" / "compare-detections.py")
+compare_detections = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare_detections)
+iou = compare_detections.iou
 
 
 def matched(ours, theirs):
     """Greedy one-to-one matching: same class, IoU >= 0.9, scores within 0.02."""
-    pairs = sorted(
-        ((iou(a["box"], b["box"]), i, j)
-         for i, a in enumerate(ours) for j, b in enumerate(theirs)
-         if a["class_id"] == b["class_id"] and abs(a["score"] - b["score"]) <= 0.02
-         and iou(a["box"], b["box"]) >= 0.9),
-        reverse=True)
-    used_a, used_b, n = set(), set(), 0
-    for _, i, j in pairs:
-        if i not in used_a and j not in used_b:
-            used_a.add(i)
-            used_b.add(j)
-            n += 1
-    return n
+    return compare_detections.matched(ours, theirs, 0.9, 0.02)
 
 
 def detections(result, i):
