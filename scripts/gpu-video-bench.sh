@@ -16,7 +16,7 @@
 # detection, NVDEC decoding, without and with --gpu-frames; GPU_FRAMES_STREAMS, default
 # 50,100,125) and `wide` (the 720p25 clip at every frame with --gpu-frames, the square 640x640
 # canvas against the 384x640 one that fits 16:9 pictures, WIDE_STREAMS, default 150,200,250,
-# and the 1080p clip on the 384x640 canvas, WIDE_STREAMS_1080, default 150,200; then the model
+# and the 1080p clip on the 384x640 canvas, WIDE_STREAMS_1080, default 150,200, empty: none; then the model
 # alone at both sizes, batches of 16 on 8 instances);
 # DECODE_STREAMS_CPU / DECODE_STREAMS_NVDEC and SERVE_STREAMS_CPU / SERVE_STREAMS_NVDEC the
 # stream counts of the capacity sweeps (1080p25 clip, every frame), DECODE_STREAMS_720 and
@@ -130,11 +130,13 @@ if [[ " $steps " == *" wide "* ]]; then
             --streams "$counts" --seconds 10 --settle "$warmup" --decoder auto \
             -- "${flags[@]}" --imgsz "$imgsz" 2>"$out/wide-$imgsz.log" | tee -a "$results"
     done
-    say ""
-    say "## Streams with detection, NVDEC, frames on the GPU, $(basename "$clip1080") every frame, --imgsz 384,640"
-    timeout 150 python3 "$root/scripts/bench-video.py" --bin "$bin/peregrine" --clip "$clip1080" --fps 0 \
-        --streams "${WIDE_STREAMS_1080:-150,200}" --seconds 10 --settle "$warmup" --decoder auto \
-        -- "${flags[@]}" --imgsz 384,640 2>"$out/wide-1080.log" | tee -a "$results"
+    if [ -n "${WIDE_STREAMS_1080-150,200}" ]; then
+        say ""
+        say "## Streams with detection, NVDEC, frames on the GPU, $(basename "$clip1080") every frame, --imgsz 384,640"
+        timeout 150 python3 "$root/scripts/bench-video.py" --bin "$bin/peregrine" --clip "$clip1080" --fps 0 \
+            --streams "${WIDE_STREAMS_1080-150,200}" --seconds 10 --settle "$warmup" --decoder auto \
+            -- "${flags[@]}" --imgsz 384,640 2>"$out/wide-1080.log" | tee -a "$results"
+    fi
     say ""
     say "## The model alone, 8 instances, batches of 16 (bench-model --fixed-shapes --device-io)"
     for imgsz in 640 384,640; do
