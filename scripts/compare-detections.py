@@ -27,12 +27,10 @@ def iou(a, b):
 
 
 def matched(x, y, min_iou, max_score_diff):
-    pairs = sorted(
-        ((iou(a["box"], b["box"]), i, j)
-         for i, a in enumerate(x) for j, b in enumerate(y)
-         if a["class_id"] == b["class_id"] and abs(a["score"] - b["score"]) <= max_score_diff
-         and iou(a["box"], b["box"]) >= min_iou),
-        reverse=True)
+    candidates = ((iou(a["box"], b["box"]), i, j)
+                  for i, a in enumerate(x) for j, b in enumerate(y)
+                  if a["class_id"] == b["class_id"] and abs(a["score"] - b["score"]) <= max_score_diff)
+    pairs = sorted((p for p in candidates if p[0] >= min_iou), reverse=True)
     used_a, used_b, n = set(), set(), 0
     for _, i, j in pairs:
         if i not in used_a and j not in used_b:
@@ -51,9 +49,9 @@ def main():
     ap.add_argument("others", nargs="+")
     a = ap.parse_args()
     ref = {k: v for k, v in load(a.reference).items() if k.startswith(a.prefix)}
+    total_ref = sum(len(v) for v in ref.values())
     for path in a.others:
         other = load(path)
-        total_ref = sum(len(v) for v in ref.values())
         total_other = sum(len(other.get(k, [])) for k in ref)
         m = sum(matched(ref[k], other.get(k, []), a.iou, a.score) for k in ref)
         print(path, "reference", total_ref, "other", total_other, "matched", m,

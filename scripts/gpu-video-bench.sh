@@ -128,7 +128,7 @@ if [[ " $steps " == *" wide "* ]]; then
         say "## Streams with detection, NVDEC, frames on the GPU, $(basename "$clip720") every frame, --imgsz $imgsz (bench-video.py; ${flags[*]})"
         timeout 200 python3 "$root/scripts/bench-video.py" --bin "$bin/peregrine" --clip "$clip720" --fps 0 \
             --streams "$counts" --seconds 10 --settle "$warmup" --decoder auto \
-            -- "${flags[@]}" --imgsz "$imgsz" 2>"$out/wide-$imgsz.log" | tee -a "$results"
+            -- "${flags[@]}" --imgsz "$imgsz" 2>"$out/wide-${imgsz/,/x}.log" | tee -a "$results"
     done
     if [ -n "${WIDE_STREAMS_1080-150,200}" ]; then
         say ""
@@ -142,7 +142,7 @@ if [[ " $steps " == *" wide "* ]]; then
     for imgsz in 640 384,640; do
         say "--imgsz $imgsz: $(timeout 60 "$bin/peregrine" bench-model --provider cuda --threads 1 --prefer-nhwc \
             --fixed-shapes --graph-rewrite on --device-io --instances 8 --batch 16 --seconds 4 --imgsz "$imgsz" \
-            2>"$out/model-$imgsz.log" | grep -E '^batch' | tail -1)"
+            2>"$out/model-${imgsz/,/x}.log" | grep -E '^batch' | tail -1)"
     done
 fi
 
