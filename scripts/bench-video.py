@@ -8,7 +8,8 @@ stream per second, frames dropped, and the glass-to-result latency (capture to r
 published). A count keeps up when every stream gets at least 95% of its target rate.
 
     scripts/bench-video.py --bin target/release/peregrine --clip ../shared/videos/bigbuckbunny.mp4 \\
-        --fps 5 --streams 2,3,4 [--seconds 15] [--no-tracking] [--decoder nvdec] [-- extra serve flags]
+        --fps 5 --streams 2,3,4 [--seconds 15] [--no-tracking] [--decoder nvdec] [--in-flight 2] \\
+        [-- extra serve flags]
 
 The table also gives the server's CPU use (cores, from /proc) and, with --decoder, how many
 streams the server says decode on NVDEC (`peregrine_stream_decoder`).
@@ -106,6 +107,8 @@ def main():
                     help="streams without analytics (no tracker, zones or events), to price them")
     ap.add_argument("--decoder", choices=["auto", "cpu", "nvdec"],
                     help="each stream's decoder (default: the server's --video-decoder)")
+    ap.add_argument("--in-flight", type=int,
+                    help="each stream's detect_in_flight (default: the server's, 2 with GPU models, 1 on the CPU)")
     ap.add_argument("--profile", metavar="DIR",
                     help="save each count's /metrics and a CPU flame graph of its measured window in DIR "
                          "(give the server --profiling true)")
@@ -131,6 +134,8 @@ def main():
                     body["analytics"] = {"tracking": False}
                 if a.decoder:
                     body["decoder"] = a.decoder
+                if a.in_flight:
+                    body["detect_in_flight"] = a.in_flight
                 post(base, body)
             time.sleep(a.settle)
             c0, b0 = metrics(base)

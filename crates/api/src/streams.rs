@@ -82,6 +82,7 @@ fn report_json(r: &StreamReport) -> Value {
             "connect_timeout_ms": cfg.connect_timeout_ms,
             "frame_timeout_ms": cfg.frame_timeout_ms,
             "frame_pool": cfg.frame_pool,
+            "detect_in_flight": cfg.detect_in_flight,
             "decoder": cfg.decoder.map(|d| d.as_str()),
             "gpu": cfg.gpu,
             "loop": cfg.looped,

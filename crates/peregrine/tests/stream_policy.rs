@@ -160,6 +160,8 @@ async fn a_file_under_a_root_runs() {
             .await
             .unwrap();
         if report["counters"]["frames_detected"].as_u64() > Some(0) {
+            // Not asked for: one frame in detection at once.
+            assert_eq!(report["config"]["detect_in_flight"], 1, "{report}");
             break;
         }
         assert!(

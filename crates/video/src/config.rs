@@ -87,6 +87,10 @@ pub struct StreamConfig {
     /// latest one the analytics keep for snapshots and live views).
     #[serde(default = "defaults::frame_pool")]
     pub frame_pool: usize,
+    /// Frames in detection at once, answered in order: more than 1 lets a camera whose
+    /// frames come faster than one detection's round trip use several model instances.
+    #[serde(default = "defaults::detect_in_flight")]
+    pub detect_in_flight: usize,
     #[serde(default)]
     pub backoff: BackoffConfig,
     /// Files only: start again at the end.
@@ -117,6 +121,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("gpu", &self.gpu)
             .field("decode_queue", &self.decode_queue)
             .field("frame_pool", &self.frame_pool)
+            .field("detect_in_flight", &self.detect_in_flight)
             .field("backoff", &self.backoff)
             .field("looped", &self.looped)
             .field("realtime", &self.realtime)
@@ -209,6 +214,9 @@ mod defaults {
     pub fn frame_pool() -> usize {
         5
     }
+    pub fn detect_in_flight() -> usize {
+        1
+    }
     pub fn yes() -> bool {
         true
     }
@@ -238,6 +246,7 @@ impl StreamConfig {
             gpu: None,
             decode_queue: defaults::decode_queue(),
             frame_pool: defaults::frame_pool(),
+            detect_in_flight: defaults::detect_in_flight(),
             backoff: BackoffConfig::default(),
             looped: false,
             realtime: true,
@@ -276,6 +285,17 @@ impl StreamConfig {
         }
         if self.frame_pool < 2 {
             return fail("frame_pool must be at least 2 (one frame in detection, one arriving)".into());
+        }
+        match self.detect_in_flight {
+            0 => return fail("detect_in_flight must be at least 1".into()),
+            n if n >= self.frame_pool => {
+                return fail(format!(
+                    "detect_in_flight {n} needs a frame_pool of at least {} (the frames in detection and one arriving), not {}",
+                    n + 1,
+                    self.frame_pool
+                ))
+            }
+            _ => {}
         }
         if let Err(problem) = self.analytics.validate() {
             return fail(problem);
@@ -475,5 +495,19 @@ mod tests {
         c.validate().unwrap();
         let unknown: Result<VideoConfig, _> = toml::from_str("[[streams]]\nname='a'\nurl='x'\nfsp=5\n");
         assert!(unknown.is_err(), "typos are errors, not silently ignored");
+    }
+
+    #[test]
+    fn frames_in_detection_must_fit_the_pool() {
+        let mut c = StreamConfig::new("cam1", "rtsp://h/x");
+        assert_eq!(c.detect_in_flight, 1);
+        c.frame_pool = 8;
+        c.detect_in_flight = 4;
+        c.validate().unwrap();
+        c.detect_in_flight = 0;
+        assert!(c.validate().unwrap_err().problem.contains("at least 1"));
+        c.detect_in_flight = 8;
+        let problem = c.validate().unwrap_err().problem;
+        assert!(problem.contains("frame_pool of at least 9"), "{problem}");
     }
 }

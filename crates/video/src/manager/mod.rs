@@ -529,6 +529,7 @@ impl Owner {
             counters: counters.clone(),
             clock: self.options.clock.clone(),
             output: FrameOutput::Analytics(stage.clone()),
+            in_flight: config.detect_in_flight,
         };
         tracing::info!(stream = %name, source = %source, "stream added");
         let running = RunningStream {
