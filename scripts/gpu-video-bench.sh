@@ -17,7 +17,8 @@
 # 50,100,125) and `wide` (the 720p25 clip at every frame with --gpu-frames, the square 640x640
 # canvas against the 384x640 one that fits 16:9 pictures, WIDE_STREAMS, default 150,200,250,
 # and the 1080p clip on the 384x640 canvas, WIDE_STREAMS_1080, default 150,200, empty: none; then the model
-# alone at both sizes, batches of 16 on 8 instances);
+# alone at both sizes, batches of 16 on 8 instances; WIDE_MODEL names another model file for
+# all of it, e.g. yolo11n-fp16.onnx, which reached 5,020 frames/s where fp32 stopped at 4,590);
 # DECODE_STREAMS_CPU / DECODE_STREAMS_NVDEC and SERVE_STREAMS_CPU / SERVE_STREAMS_NVDEC the
 # stream counts of the capacity sweeps (1080p25 clip, every frame), DECODE_STREAMS_720 and
 # SERVE_STREAMS_720 those of the NVDEC sweeps of the 720p25 clip; churn adds and removes
@@ -121,6 +122,9 @@ fi
 if [[ " $steps " == *" wide "* ]]; then
     flags=(--provider cuda --threads 1 --prefer-nhwc --instances 8 --max-batch 16
         --padded-batch-sizes 1,2,4,8,12,16 --session-per-batch-size true --max-queue-delay-us 4000 --gpu-frames)
+    model=()
+    [ -n "${WIDE_MODEL:-}" ] && model=(--model "$WIDE_MODEL") && say "" && say "Model: $WIDE_MODEL"
+    flags+=("${model[@]}")
     for imgsz in 384,640 640; do
         counts="${WIDE_STREAMS:-150,200,250}"
         [ "$imgsz" = 640 ] && counts="${counts%,*}"
@@ -140,7 +144,7 @@ if [[ " $steps " == *" wide "* ]]; then
     say ""
     say "## The model alone, 8 instances, batches of 16 (bench-model --fixed-shapes --device-io)"
     for imgsz in 640 384,640; do
-        say "--imgsz $imgsz: $(timeout 60 "$bin/peregrine" bench-model --provider cuda --threads 1 --prefer-nhwc \
+        say "--imgsz $imgsz: $(timeout 60 "$bin/peregrine" bench-model "${model[@]}" --provider cuda --threads 1 --prefer-nhwc \
             --fixed-shapes --graph-rewrite on --device-io --instances 8 --batch 16 --seconds 4 --imgsz "$imgsz" \
             2>"$out/model-${imgsz/,/x}.log" | grep -E '^batch' | tail -1)"
     done
