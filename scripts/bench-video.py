@@ -108,7 +108,7 @@ def main():
     ap.add_argument("--decoder", choices=["auto", "cpu", "nvdec"],
                     help="each stream's decoder (default: the server's --video-decoder)")
     ap.add_argument("--in-flight", type=int,
-                    help="each stream's detect_in_flight (default: the server's, 2 with GPU models, 1 on the CPU)")
+                    help="each stream's detect_in_flight (default: the stream default, 1)")
     ap.add_argument("--profile", metavar="DIR",
                     help="save each count's /metrics and a CPU flame graph of its measured window in DIR "
                          "(give the server --profiling true)")

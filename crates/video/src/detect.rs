@@ -86,9 +86,8 @@ struct Detected {
 impl DetectionTask {
     /// Runs until the slot closes (the decode thread ended). With `in_flight` over 1 the
     /// next frame is taken while earlier ones are still in detection, so a camera whose
-    /// frames come faster than one detection's round trip still has each of them detected
-    /// (a batching detector answers after its queue delay and a whole batch's run, which
-    /// under load is close to a 25 fps camera's 40 ms); answers are published in order.
+    /// frames come faster than one detection's round trip can keep several model instances
+    /// busy; answers are published in the order the frames were taken.
     pub async fn run(self) {
         let in_flight = self.in_flight.max(1);
         let mut running = FuturesOrdered::new();
@@ -130,7 +129,7 @@ impl DetectionTask {
     }
 
     async fn publish(&self, Detected { frame, outcome }: Detected) {
-        let meta = frame.meta.clone();
+        let meta = &frame.meta;
         match outcome {
             Ok(detections) => {
                 let published = self.clock.now();
@@ -398,7 +397,7 @@ mod tests {
         h.task.await.unwrap();
     }
 
-    /// Frames a 25 fps camera delivers for `seconds` into the harness's slot.
+    /// `frames` frames of a 25 fps camera, put into the harness's slot as they arrive.
     async fn camera(h: &Harness, pool: &FramePool, frames: u64) {
         for seq in 0..frames {
             let frame = pool.take(8, 8, test_meta(seq)).expect("pool never runs dry");
