@@ -11,6 +11,8 @@
 # defaults (and THREADS) loaded by `BIN bench` at concurrency CONCURRENCY (default 2 x
 # cores) for SECONDS x 2 over IMAGE_DIR's photos. Prints one line per measurement and the
 # median of the per-round ratios. Records the processor and its INT8 instructions first.
+# EXTRA_FLAGS adds flags to both commands, e.g. `--graph-rewrite off` to run the models as
+# exported (without the CPU's DFL fold).
 set -euo pipefail
 bin="$1"
 float="$2"
@@ -19,6 +21,7 @@ images="$4"
 rounds="${ROUNDS:-3}"
 seconds="${SECONDS_EACH:-4}"
 threads="${THREADS:-0}"
+read -r -a extra <<<"${EXTRA_FLAGS:-}"
 cores=$(nproc)
 concurrency="${CONCURRENCY:-$((2 * cores))}"
 port=18400
@@ -28,7 +31,7 @@ trap 'rm -rf "$out"' EXIT
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $cores cores;" \
     "int8 instructions: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
         grep -E '^(avx2|avx512f|avx512_vnni|avx_vnni|amx_int8|amx_tile)$' | xargs)"
-echo "date: $(date -u +%FT%TZ); threads $threads, concurrency $concurrency, $seconds s per figure"
+echo "date: $(date -u +%FT%TZ); threads $threads, concurrency $concurrency, $seconds s per figure; extra flags: ${extra[*]:-none}"
 
 model_flag() { # path
     [ "$1" = embedded ] || echo "--model $1"
@@ -36,7 +39,7 @@ model_flag() { # path
 
 model_alone() { # name path round
     # shellcheck disable=SC2046
-    "$bin" bench-model $(model_flag "$2") --threads "$threads" --batch 1,4 --seconds "$seconds" \
+    "$bin" bench-model $(model_flag "$2") "${extra[@]}" --threads "$threads" --batch 1,4 --seconds "$seconds" \
         --output "$out/model-$1-$3.json" "$images" >/dev/null 2>&1
     python3 -c "import json,sys;[print('model-alone', sys.argv[1], 'round', sys.argv[2], 'batch', f['batch'], round(f['images_per_s'],2), 'img/s') for f in json.load(open(sys.argv[3]))]" \
         "$1" "$3" "$out/model-$1-$3.json"
@@ -44,7 +47,7 @@ model_alone() { # name path round
 
 end_to_end() { # name path round
     # shellcheck disable=SC2046
-    "$bin" serve $(model_flag "$2") --threads "$threads" --host 127.0.0.1 --port "$port" --grpc-port $((port + 1)) \
+    "$bin" serve $(model_flag "$2") "${extra[@]}" --threads "$threads" --host 127.0.0.1 --port "$port" --grpc-port $((port + 1)) \
         --log-level warn &
     local server=$!
     for _ in $(seq 1 240); do

@@ -17,6 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = RewriteOptions {
         uint8_nhwc_input: rest.get(1).map(String::as_str) != Some("keep-input"),
         top_k,
+        fold_dfl_softmax: false,
     };
     let rewritten = rewrite(&std::fs::read(input)?, &options)?;
     std::fs::write(output, &rewritten.model)?;

@@ -150,6 +150,7 @@ fn added_work_alone(images: &[Prepared]) {
     let input_only = RewriteOptions {
         uint8_nhwc_input: true,
         top_k: None,
+        fold_dfl_softmax: false,
     };
     let model = common::identity_model(&["batch", "3", "height", "width"], 80);
     let r = rewrite(&model, &input_only).expect("rewrite");
@@ -167,6 +168,7 @@ fn added_work_alone(images: &[Prepared]) {
     let output_only = RewriteOptions {
         uint8_nhwc_input: false,
         top_k: Some(peregrine_onnx::DEFAULT_TOP_K),
+        fold_dfl_softmax: false,
     };
     let model = common::identity_model(&["batch", "84", "anchors"], 80);
     let r = rewrite(&model, &output_only).expect("rewrite");

@@ -73,6 +73,7 @@ fn every_opset_form_gives_the_host_rows_ties_included() {
         let options = RewriteOptions {
             uint8_nhwc_input: true,
             top_k: Some(20),
+            fold_dfl_softmax: false,
         };
         let rewritten = rewrite(&original, &options).unwrap_or_else(|e| panic!("opset {opset}: {e}"));
         assert_eq!(
@@ -102,5 +103,94 @@ fn every_opset_form_gives_the_host_rows_ties_included() {
                 assert_eq!(got, &expected[..], "opset {opset} {h}x{w} image {i}");
             }
         }
+    }
+}
+
+/// `images [N, 3, 16, 16]` -> `Reshape [0, 16, 4, -1]` -> `Softmax(axis=1)` -> a 1x1 `Conv`
+/// with weights 0..15 -> `Reshape [0, 4, -1]` -> `output0`: the DFL of a YOLOv8/11 head.
+fn synthetic_dfl(opset: i64) -> Vec<u8> {
+    let ints = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let weights: Vec<u8> = (0..16).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let tensor = |name: &str, ty: DataType, dims: Vec<i64>, raw: Vec<u8>| TensorProto {
+        dims,
+        data_type: Some(ty as i32),
+        name: Some(name.into()),
+        raw_data: Some(raw),
+        ..Default::default()
+    };
+    let node = |op: &str, inputs: &[&str], output: &str, attribute: Vec<AttributeProto>| NodeProto {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        name: Some(output.into()),
+        op_type: Some(op.into()),
+        attribute,
+        ..Default::default()
+    };
+    let axis = AttributeProto {
+        name: Some("axis".into()),
+        r#type: Some(attribute_proto::AttributeType::Int as i32),
+        i: Some(1),
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        node: vec![
+            node("Reshape", &["images", "bins"], "logits", vec![]),
+            node("Softmax", &["logits"], "probs", vec![axis]),
+            node("Conv", &["probs", "w"], "dist", vec![]),
+            node("Reshape", &["dist", "sides"], "output0", vec![]),
+        ],
+        name: Some("synthetic dfl".into()),
+        initializer: vec![
+            tensor("bins", DataType::Int64, vec![4], ints(&[0, 16, 4, -1])),
+            tensor("sides", DataType::Int64, vec![3], ints(&[0, 4, -1])),
+            tensor("w", DataType::Float, vec![1, 16, 1, 1], weights),
+        ],
+        input: vec![value("images", &["batch", "3", "16", "16"])],
+        output: vec![value("output0", &["batch", "4", "anchors"])],
+        ..Default::default()
+    };
+    ModelProto {
+        ir_version: Some(10),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+#[test]
+fn the_dfl_fold_runs_and_matches_at_every_opset_it_applies_to() {
+    let options = RewriteOptions {
+        uint8_nhwc_input: false,
+        top_k: None,
+        fold_dfl_softmax: true,
+    };
+    // Logits spread over [-24, 24]: exp without the max subtracted would lose the small ones.
+    let input: Vec<f32> = pixels(2 * 768, 3)
+        .iter()
+        .map(|&b| b as f32 / 5.3 - 24.0)
+        .collect();
+    for opset in [12, 13, 17, 18, 21] {
+        let original = synthetic_dfl(opset);
+        let folded = rewrite(&original, &options).unwrap_or_else(|e| panic!("opset {opset}: {e}"));
+        // Softmax's axis meant something else before 13: left alone there.
+        assert_eq!(folded.dfl_folds, usize::from(opset >= 13), "opset {opset}");
+        let p = common::run_f32(&mut common::session(&original), [2, 3, 16, 16], &input);
+        let o = common::run_f32(&mut common::session(&folded.model), [2, 3, 16, 16], &input);
+        assert_eq!(p.shape, [2, 4, 12]);
+        assert_eq!(p.shape, o.shape);
+        let worst = p
+            .data
+            .iter()
+            .zip(&o.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-5,
+            "opset {opset}: the fold moved a distance by {worst}"
+        );
     }
 }

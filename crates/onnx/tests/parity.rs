@@ -177,6 +177,7 @@ fn input_rewrite_alone_reproduces_the_raw_head_bit_for_bit() {
     let options = RewriteOptions {
         uint8_nhwc_input: true,
         top_k: None,
+        fold_dfl_softmax: false,
     };
     let rewritten = rewrite(&original, &options).expect("rewrite fits");
     assert_eq!(rewritten.output_form, OutputForm::Unchanged);
@@ -203,6 +204,51 @@ fn input_rewrite_alone_reproduces_the_raw_head_bit_for_bit() {
             images[i].name
         );
     }
+}
+
+#[test]
+fn dfl_fold_moves_boxes_by_under_a_thousandth_of_a_pixel_and_keeps_scores() {
+    let fold_only = RewriteOptions {
+        uint8_nhwc_input: false,
+        top_k: None,
+        fold_dfl_softmax: true,
+    };
+    let images = common::prepare_images(640, 640);
+    let mut buf = Vec::new();
+    // The fp16 export keeps its DFL in float32 (casts around it), so it is folded too.
+    for model in ["yolo11n", "yolo11n-fp16"] {
+        let original = common::model_bytes(model);
+        let folded = rewrite(&original, &fold_only).expect("rewrite fits");
+        assert_eq!(folded.dfl_folds, 1, "{model}: {}", folded.summary());
+        let mut plain = common::session(&original);
+        let mut ours = common::session(&folded.model);
+        let batches = [one(&images, 0), one(&images, 7), images.iter().take(4).collect()];
+        let (mut box_px, mut score) = (0f32, 0f32);
+        for batch in batches {
+            let shape = common::planar_batch(&batch, &mut buf);
+            let p = common::run_f32(&mut plain, shape, &buf);
+            let o = common::run_f32(&mut ours, shape, &buf);
+            assert_eq!(p.shape, o.shape);
+            let anchors = p.shape[2];
+            for (i, (a, b)) in p.data.iter().zip(&o.data).enumerate() {
+                let d = (a - b).abs();
+                if (i / anchors) % p.shape[1] < 4 {
+                    box_px = box_px.max(d);
+                } else {
+                    score = score.max(d);
+                }
+            }
+        }
+        eprintln!("{model} DFL fold: boxes within {box_px} px, class scores within {score}");
+        // The fp16 head rounds to float16, whose steps are 0.25-0.5 px between 256 and 640:
+        // a flip of its last bit is all the fold may cause there.
+        let limit = if model == "yolo11n" { 1e-3 } else { 0.5 };
+        assert!(box_px < limit, "{model}: boxes moved by {box_px} px");
+        assert_eq!(score, 0.0, "{model}: class scores do not go through the DFL");
+    }
+    // An end-to-end head has no DFL site: left as it is.
+    let e2e = rewrite(&common::model_bytes("yolo26n-e2e"), &fold_only).expect("rewrite fits");
+    assert_eq!(e2e.dfl_folds, 0);
 }
 
 #[test]
@@ -284,6 +330,7 @@ fn fixed_anchors_use_a_constant_k() {
     let options = RewriteOptions {
         uint8_nhwc_input: true,
         top_k: Some(100),
+        fold_dfl_softmax: false,
     };
     let rewritten = rewrite(&original, &options).expect("rewrite fits");
     let mut plain = common::session(&original);
@@ -335,6 +382,7 @@ fn normalised_input_is_the_cpu_normalisers_bit_for_bit() {
     let input_only = RewriteOptions {
         uint8_nhwc_input: true,
         top_k: None,
+        fold_dfl_softmax: false,
     };
 
     // float32 input: exactly rgb8_to_planar_f32's values.

@@ -124,6 +124,7 @@ fn fixed_anchor_counts_give_a_fixed_candidate_count() {
     let options = RewriteOptions {
         uint8_nhwc_input: false,
         top_k: Some(100),
+        fold_dfl_softmax: false,
     };
     let rewritten = rewrite(&common::with_fixed_anchors("yolo11n", 8400), &options).expect("rewrite fits");
     let dims = rewritten.output.dims.clone().unwrap();
@@ -131,6 +132,7 @@ fn fixed_anchor_counts_give_a_fixed_candidate_count() {
     let all = RewriteOptions {
         uint8_nhwc_input: false,
         top_k: Some(usize::MAX),
+        fold_dfl_softmax: false,
     };
     let every = rewrite(&common::with_fixed_anchors("yolo11n", 8400), &all).expect("rewrite fits");
     assert_eq!(
@@ -184,6 +186,7 @@ fn refusals_say_what_did_not_fit() {
     let input_only = RewriteOptions {
         uint8_nhwc_input: true,
         top_k: None,
+        fold_dfl_softmax: false,
     };
     assert!(rewrite(&with_names(81), &input_only).is_ok());
 
@@ -236,4 +239,15 @@ fn summary_names_both_edges() {
     );
     let dbg = format!("{r:?}");
     assert!(dbg.contains("model_bytes") && dbg.len() < 2000, "{dbg}");
+    let fold_only = RewriteOptions {
+        uint8_nhwc_input: false,
+        top_k: None,
+        fold_dfl_softmax: true,
+    };
+    let r = rewrite(&common::model_bytes("yolo11n"), &fold_only).unwrap();
+    assert_eq!(
+        r.summary(),
+        "input images float32 [batch, 3, height, width] (unchanged); \
+         output output0 float32 [batch, 84, anchors] (unchanged); DFL softmax folded at 1 site(s)"
+    );
 }

@@ -66,6 +66,8 @@ pub struct ProviderArgs {
     pub trt_timing_cache: Option<PathBuf>,
     /// Rewrite the model's graph at load time so the accelerator normalises the uint8
     /// canvas and returns only the top-K candidate rows: auto (on GPU providers), on, off.
+    /// On the CPU provider (auto or on) the head's box decoding is also refolded without
+    /// its slow softmax (same boxes within 0.001 px); off runs the model as exported.
     #[arg(long, env = "PEREGRINE_GRAPH_REWRITE", default_value = "auto")]
     pub graph_rewrite: GraphRewrite,
     /// Candidate rows per image the rewritten graph returns.

@@ -12,6 +12,7 @@ use crate::LoadError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GraphRewrite {
     /// On GPU providers, where it pays; a model it does not fit runs as exported (logged).
+    /// On the CPU only the DFL fold (`peregrine_onnx::RewriteOptions::fold_dfl_softmax`).
     #[default]
     Auto,
     /// Always; a model it does not fit fails to load.
@@ -35,25 +36,28 @@ impl std::str::FromStr for GraphRewrite {
 
 /// The weights to build sessions from: rewritten when `mode` asks for it (`on_gpu` decides
 /// `Auto`), else `None` to use them as they are.
+///
+/// On the CPU provider (`Auto` or `On`) the head's DFL decoding is also refolded (see
+/// `peregrine_onnx::RewriteOptions::fold_dfl_softmax`); in `Auto` that fold is all the CPU
+/// gets, and a model without a DFL site to fold keeps its own bytes.
 pub fn rewritten_weights(
     weights: &[u8],
     mode: GraphRewrite,
     top_k: usize,
     on_gpu: bool,
 ) -> Result<Option<Vec<u8>>, LoadError> {
-    let wanted = match mode {
-        GraphRewrite::Off => false,
+    let full = match mode {
+        GraphRewrite::Off => return Ok(None),
         GraphRewrite::On => true,
         GraphRewrite::Auto => on_gpu,
     };
-    if !wanted {
-        return Ok(None);
-    }
     let options = RewriteOptions {
-        uint8_nhwc_input: true,
-        top_k: Some(top_k),
+        uint8_nhwc_input: full,
+        top_k: full.then_some(top_k),
+        fold_dfl_softmax: !on_gpu,
     };
     match rewrite(weights, &options) {
+        Ok(r) if !full && r.dfl_folds == 0 => Ok(None),
         Ok(r) => {
             let complete = r.input_form == InputForm::InterleavedU8
                 && matches!(
@@ -62,6 +66,12 @@ pub fn rewritten_weights(
                 );
             tracing::info!(rewrite = %r.summary(), complete, "model graph rewritten");
             Ok(Some(r.model))
+        }
+        Err(e) if !full => {
+            // Only the CPU's fold was asked for: a model it cannot read is run as exported,
+            // as it always was, and is no news.
+            tracing::debug!(error = %e, "no DFL fold for this model; running it as exported");
+            Ok(None)
         }
         Err(e) if mode == GraphRewrite::Auto => {
             tracing::warn!(error = %e, "the graph rewrite does not fit this model; running it as exported");
@@ -116,5 +126,28 @@ mod tests {
             .is_none());
         let err = rewritten_weights(junk, GraphRewrite::On, 1024, false).unwrap_err();
         assert!(err.to_string().contains("graph rewrite"), "{err}");
+    }
+
+    #[test]
+    fn the_cpu_gets_the_dfl_fold_alone_and_keeps_the_models_inputs_and_outputs() {
+        let shared = std::env::var_os("PEREGRINE_SHARED")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+        let weights = std::fs::read(shared.join("models/yolo11n.onnx")).expect("the shared yolo11n");
+        let folded = rewritten_weights(&weights, GraphRewrite::Auto, 1024, false)
+            .unwrap()
+            .expect("yolo11n has a DFL site to fold");
+        let before = peregrine_onnx::describe(&weights).unwrap();
+        let after = peregrine_onnx::describe(&folded).unwrap();
+        assert_eq!(before.inputs, after.inputs);
+        assert_eq!(before.outputs, after.outputs);
+        assert!(rewritten_weights(&weights, GraphRewrite::Off, 1024, false)
+            .unwrap()
+            .is_none());
+        // A model with no DFL (end-to-end head) keeps its own bytes on the CPU.
+        let e2e = std::fs::read(shared.join("models/yolo26n-e2e.onnx")).expect("the shared yolo26n");
+        assert!(rewritten_weights(&e2e, GraphRewrite::Auto, 1024, false)
+            .unwrap()
+            .is_none());
     }
 }
