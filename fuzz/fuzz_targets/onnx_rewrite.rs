@@ -1,5 +1,6 @@
 //! A model file from the repository directory, rewritten at load time. The first byte
-//! chooses the rewrite (uint8 input or not, top-K or not); the rest is the ONNX protobuf.
+//! chooses the rewrite (uint8 input or not, top-K or not, DFL fold or not); the rest is the
+//! ONNX protobuf.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -11,7 +12,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let options = RewriteOptions {
         uint8_nhwc_input: mode & 1 != 0,
-        top_k: (mode & 2 != 0).then_some(1 + usize::from(mode >> 2)),
+        top_k: (mode & 2 != 0).then_some(1 + usize::from(mode >> 3)),
+        fold_dfl_softmax: mode & 4 != 0,
     };
     if let Ok(rewritten) = rewrite(model, &options) {
         let _ = rewritten.summary();
