@@ -58,6 +58,10 @@ pub fn rewritten_weights(
     };
     match rewrite(weights, &options) {
         Ok(r) if !full && r.dfl_folds == 0 => Ok(None),
+        Ok(r) if !full => {
+            tracing::info!(rewrite = %r.summary(), "the head's DFL softmax refolded for the CPU");
+            Ok(Some(r.model))
+        }
         Ok(r) => {
             let complete = r.input_form == InputForm::InterleavedU8
                 && matches!(
