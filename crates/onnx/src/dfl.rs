@@ -5,7 +5,8 @@
 //! `[N, 16, 4, A]`, then a 1x1 `Conv` with weights 0..15. A softmax over a non-last axis costs
 //! ONNX Runtime two transposes and 33,600 rows of 16 at 640x640: 5.2 ms of a 68 ms float
 //! YOLO11n run on the 2-vCPU development VM, and 13% of the INT8 model's time, where it stays
-//! float (docs/benchmarks.md, "INT8 on this VM's VNNI cores"). A bias-free 1x1 convolution is
+//! float (docs/benchmarks.md, "The head's box decoding without its softmax"). A bias-free 1x1
+//! convolution is
 //! linear in its input, so
 //!
 //! ```text
@@ -16,12 +17,14 @@
 //! `Div` of the (16 times smaller) convolution output. Same arithmetic up to float rounding:
 //! boxes move by under 0.001 px (tested in `tests/parity.rs`).
 //!
-//! Only float32 sites are refolded (the weights must be a float32 initializer): the fp16
-//! export's operators are not all implemented in float16 on the CPU provider.
+//! Only float32 sites are refolded (the weights must be a float32 initializer). Ultralytics'
+//! fp16 export computes its DFL in float32 between casts, so it is refolded too; a DFL
+//! computed in float16 is left alone (not tested on the CPU provider).
 
 use crate::edit::{attr_int, attr_ints, GraphEdit};
+use crate::is_default_domain;
 use crate::proto::tensor_proto::DataType;
-use crate::proto::{AttributeProto, GraphProto, NodeProto};
+use crate::proto::{AttributeProto, GraphProto};
 
 /// Refolds every softmax-then-convolution site in `graph` as the module describes and returns
 /// how many it changed. New constants go to `edit` (spliced in by `GraphEdit::apply`); the
@@ -47,7 +50,7 @@ pub(crate) fn fold_softmax_conv(graph: &mut GraphProto, edit: &mut GraphEdit) ->
 /// and one group, and its output is not one of the graph's.
 fn folded_conv(graph: &GraphProto, s: usize) -> Option<usize> {
     let softmax = &graph.node[s];
-    if softmax.op_type.as_deref() != Some("Softmax") || !is_default_domain(softmax) {
+    if softmax.op_type.as_deref() != Some("Softmax") || !is_default_domain(softmax.domain.as_deref()) {
         return None;
     }
     if int_attr(&softmax.attribute, "axis") != Some(1) || softmax.output.len() != 1 {
@@ -63,7 +66,7 @@ fn folded_conv(graph: &GraphProto, s: usize) -> Option<usize> {
     let [c] = readers[..] else { return None };
     let conv = &graph.node[c];
     let plain = conv.op_type.as_deref() == Some("Conv")
-        && is_default_domain(conv)
+        && is_default_domain(conv.domain.as_deref())
         && c > s
         && conv.input.len() == 2
         && conv.input[0] == *probs
@@ -79,60 +82,33 @@ fn fold_one(graph: &mut GraphProto, edit: &mut GraphEdit, softmax: usize, conv: 
     let exp = edit.fresh("dfl/exp");
     let sum = edit.fresh("dfl/sum");
     let numerator = edit.fresh("dfl/numerator");
+    // ReduceSum takes its axes as an input from opset 13 (which `fold_softmax_conv`
+    // requires), ReduceMax only from 18.
+    let axes = edit.const_i64("dfl/axes", &[1], &[1]);
+    let keepdims = || attr_int("keepdims", 1);
     let reduce_max = if edit.opset >= 18 {
-        let axes = edit.const_i64("dfl/axes", &[1], &[1]);
-        node(
-            edit,
+        edit.detached(
             "ReduceMax",
             &[&logits, &axes],
-            &max,
-            vec![attr_int("keepdims", 1)],
+            vec![max.clone()],
+            vec![keepdims()],
         )
     } else {
-        let attrs = vec![attr_ints("axes", &[1]), attr_int("keepdims", 1)];
-        node(edit, "ReduceMax", &[&logits], &max, attrs)
+        let attrs = vec![attr_ints("axes", &[1]), keepdims()];
+        edit.detached("ReduceMax", &[&logits], vec![max.clone()], attrs)
     };
-    // ReduceSum took its axes as an input from opset 13, which `fold_softmax_conv` requires.
-    let axes = edit.const_i64("dfl/axes", &[1], &[1]);
     let head = [
         reduce_max,
-        node(edit, "Sub", &[&logits, &max], &shifted, vec![]),
-        node(edit, "Exp", &[&shifted], &exp, vec![]),
-        node(
-            edit,
-            "ReduceSum",
-            &[&exp, &axes],
-            &sum,
-            vec![attr_int("keepdims", 1)],
-        ),
+        edit.detached("Sub", &[&logits, &max], vec![shifted.clone()], vec![]),
+        edit.detached("Exp", &[&shifted], vec![exp.clone()], vec![]),
+        edit.detached("ReduceSum", &[&exp, &axes], vec![sum.clone()], vec![keepdims()]),
     ];
     let out = std::mem::replace(&mut graph.node[conv].output[0], numerator.clone());
-    graph.node[conv].input[0] = exp.clone();
-    let divide = node(edit, "Div", &[&numerator, &sum], &out, vec![]);
+    graph.node[conv].input[0] = exp;
+    let divide = edit.detached("Div", &[&numerator, &sum], vec![out], vec![]);
     // The Div first (it is later in the list), then the softmax's place.
     graph.node.insert(conv + 1, divide);
     graph.node.splice(softmax..=softmax, head);
-}
-
-fn node(
-    edit: &mut GraphEdit,
-    op: &str,
-    inputs: &[&str],
-    output: &str,
-    attribute: Vec<AttributeProto>,
-) -> NodeProto {
-    NodeProto {
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: vec![output.to_string()],
-        name: Some(edit.fresh(&format!("dfl/{op}"))),
-        op_type: Some(op.to_string()),
-        attribute,
-        ..Default::default()
-    }
-}
-
-fn is_default_domain(node: &NodeProto) -> bool {
-    matches!(node.domain.as_deref(), None | Some("") | Some("ai.onnx"))
 }
 
 fn int_attr(attrs: &[AttributeProto], name: &str) -> Option<i64> {
@@ -168,7 +144,7 @@ fn is_f32_pointwise_weight(graph: &GraphProto, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::TensorProto;
+    use crate::proto::{NodeProto, TensorProto};
 
     fn n(op: &str, inputs: &[&str], output: &str, attribute: Vec<AttributeProto>) -> NodeProto {
         NodeProto {

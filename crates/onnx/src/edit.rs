@@ -107,21 +107,32 @@ impl GraphEdit {
         output: Vec<String>,
         attribute: Vec<AttributeProto>,
     ) {
-        let name = self.fresh(op);
-        let node = NodeProto {
+        let node = self.detached(op, inputs, output, attribute);
+        match place {
+            Place::Front => self.front.push(node),
+            Place::Back => self.back.push(node),
+        }
+    }
+
+    /// A new node under a fresh name, for the caller to put into the graph itself (a rewrite
+    /// that replaces nodes in the middle of the list rather than before or after it).
+    pub fn detached(
+        &mut self,
+        op: &str,
+        inputs: &[&str],
+        output: Vec<String>,
+        attribute: Vec<AttributeProto>,
+    ) -> NodeProto {
+        NodeProto {
             input: inputs.iter().map(|s| s.to_string()).collect(),
             output,
-            name: Some(name),
+            name: Some(self.fresh(op)),
             op_type: Some(op.to_string()),
             domain: None,
             overload: None,
             attribute,
             doc_string: None,
             metadata_props: Vec::new(),
-        };
-        match place {
-            Place::Front => self.front.push(node),
-            Place::Back => self.back.push(node),
         }
     }
 

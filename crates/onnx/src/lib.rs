@@ -154,12 +154,17 @@ impl std::fmt::Debug for Rewritten {
     }
 }
 
+/// Whether `domain` (of an opset import or a node) names ONNX's default operator set.
+pub(crate) fn is_default_domain(domain: Option<&str>) -> bool {
+    matches!(domain, None | Some("") | Some("ai.onnx"))
+}
+
 /// The model's opset for the default (`ai.onnx`) domain, 0 when it names none.
 pub(crate) fn default_opset(model: &proto::ModelProto) -> i64 {
     model
         .opset_import
         .iter()
-        .filter(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
+        .filter(|o| is_default_domain(o.domain.as_deref()))
         .filter_map(|o| o.version)
         .max()
         .unwrap_or(0)
