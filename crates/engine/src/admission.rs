@@ -19,10 +19,19 @@ use crate::shared::Shared;
 use crate::wait::Ahead;
 use crate::{spans, telemetry};
 
-/// Estimates are stretched by this much before they are held against a deadline: under
-/// overload the queue settles where estimates meet deadlines, so without headroom the
-/// ordinary spread of batch times would carry a share of admitted requests past theirs.
-const SHED_HEADROOM: f64 = 1.15;
+/// Estimates are stretched by this much before they are held against a deadline, after
+/// decoding: under overload the queue settles where estimates meet deadlines, so without
+/// headroom the ordinary spread of batch times would carry a share of admitted requests
+/// past theirs.
+pub(crate) const QUEUEING_HEADROOM: f64 = 1.15;
+
+/// The same, for the checks made before decoding. A promise made then has the decode's
+/// spread ahead of it too (decoders share the cores with the model, most of all in a
+/// burst), so it keeps a wider margin than the last check: otherwise a request admitted
+/// at the margin is refused after decoding, late and after costing its upload and decode.
+/// Measured against 1.15 and 1.5 (docs/benchmarks.md, "One margin before decoding,
+/// another after"): 1.3 left no refusal after decoding at the same throughput.
+pub(crate) const EARLY_HEADROOM: f64 = 1.3;
 
 /// Where a refusal came: which work the request had cost by then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +45,14 @@ pub(crate) enum Stage {
 }
 
 impl Stage {
+    /// How much an estimate is stretched at this stage before it meets the deadline.
+    fn headroom(self) -> f64 {
+        match self {
+            Self::Admission | Self::BeforeDecode => EARLY_HEADROOM,
+            Self::AfterDecode => QUEUEING_HEADROOM,
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Self::Admission => "admission",
@@ -155,7 +172,7 @@ impl Engine {
         if wait.is_idle(ahead) {
             return Ok(());
         }
-        let expected = wait.estimate(ahead, decodes, now).mul_f64(SHED_HEADROOM);
+        let expected = wait.estimate(ahead, decodes, now).mul_f64(stage.headroom());
         let budget = deadline.saturating_duration_since(now);
         if expected > budget {
             telemetry::refused(&shared.config.name, stage.label());

@@ -2,6 +2,8 @@
 //! ones while they read their bodies.
 
 use super::*;
+use crate::admission::{Stage, EARLY_HEADROOM, QUEUEING_HEADROOM};
+use crate::wait::Ahead;
 
 /// One instance, batches of one, 40 ms a batch, shedding on.
 fn shedding_engine() -> Engine {
@@ -45,4 +47,31 @@ async fn a_burst_is_judged_as_a_queue_not_as_many_first_requests() {
     let answer = engine.detect(&p, png(7), DetectParams::default(), far()).await;
     assert_eq!(answer.unwrap().detections[0].class_id, 7);
     assert_eq!(engine.shared.admitted.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promise_made_before_decoding_keeps_a_wider_margin_than_the_last_check() {
+    let engine = shedding_engine();
+    ready(&engine).await;
+    // Three images queued ahead: an estimate of four batches of 40 ms or so.
+    let ahead = Ahead {
+        decoding: 0,
+        queued: 3,
+    };
+    let estimate = engine.shared.wait.load().estimate(ahead, false, Instant::now());
+    assert!(estimate >= Duration::from_millis(100), "{estimate:?}");
+    // A deadline between the two margins: too close to promise before decoding, close
+    // enough to keep a request that has already been decoded.
+    let between = (EARLY_HEADROOM + QUEUEING_HEADROOM) / 2.0;
+    let deadline = Instant::now() + estimate.mul_f64(between);
+    for stage in [Stage::Admission, Stage::BeforeDecode] {
+        let refused = engine.check_backlog(deadline, ahead, false, stage);
+        assert!(
+            matches!(refused, Err(RequestError::Backlogged { .. })),
+            "{stage:?}: {refused:?}"
+        );
+    }
+    engine
+        .check_backlog(deadline, ahead, false, Stage::AfterDecode)
+        .unwrap();
 }

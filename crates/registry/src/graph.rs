@@ -54,6 +54,8 @@ pub fn rewritten_weights(
     let options = RewriteOptions {
         uint8_nhwc_input: full,
         top_k: full.then_some(top_k),
+        // CPU only: on an H100 the folded head ran 0-7% slower than the softmax, fp32 and
+        // fp16 (docs/benchmarks.md, "The DFL fold on a GPU").
         fold_dfl_softmax: !on_gpu,
     };
     match rewrite(weights, &options) {
