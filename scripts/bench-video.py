@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 import urllib.request
 
@@ -57,6 +58,16 @@ def metrics(base, save=None):
 
 def total(c, name, stream=None):
     return sum(v for (n, s, _), v in c.items() if n == name and (stream is None or s == stream))
+
+
+def dropped_by_reason(before, after, window):
+    """Frames dropped per second in the window, by the server's reason, largest first."""
+    name = "peregrine_stream_frames_dropped_total"
+    reasons = {r for (n, _, r) in after if n == name}
+    rates = {r: (sum(v for (n, _, rr), v in after.items() if n == name and rr == r)
+                 - sum(v for (n, _, rr), v in before.items() if n == name and rr == r)) / window
+             for r in reasons}
+    return ", ".join(f"{r} {v:.1f}" for r, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v > 0)
 
 
 def cpu_seconds(pid):
@@ -159,6 +170,10 @@ def main():
             ok = min(rates) >= 0.95 * target
             print(f"| {n} | {mode} | {min(rates):.2f}, {sum(rates) / n:.2f} | {dropped:.1f} | {p50:.0f} / {p99:.0f} | {cores:.2f} ({cores / n:.3f}) | {on_nvdec} | {'yes' if ok else 'no'} |",
                   flush=True)
+            by_reason = dropped_by_reason(c0, c1, window)
+            if by_reason:
+                # Outside the table (stderr), so that its rows stay pasteable.
+                print(f"{n} streams, dropped / s by reason: {by_reason}", file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
