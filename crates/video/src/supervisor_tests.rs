@@ -1,4 +1,5 @@
-//! The supervisor against scripted sources (refusals, hangs, silent and brief streams) in paused tokio time.
+//! The supervisor against scripted sources (refusals, hangs, silent and brief streams),
+//! in paused tokio time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
