@@ -5,10 +5,14 @@
 # answers by status, late 504s as a share of all requests, latency percentiles per status,
 # 200s per second against the capacity, and resident memory idle and at peak.
 #
-#   [PEREGRINE_BIN=path] [PEREGRINE_SERVE_ARGS="--compute-nice 0"] \
+#   [PEREGRINE_BIN=path] [PEREGRINE_SERVE_ARGS="--max-batch 2"] [SERVER_CPUS=0 CLIENT_CPUS=1] \
 #       scripts/overload-defaults.sh [DURATION_S=120] [OUT_DIR=target/overload-defaults]
 #
-# PEREGRINE_SERVE_ARGS adds flags to the server's (for A/B runs of one setting). Resident
+# PEREGRINE_SERVE_ARGS adds flags to the server's (for A/B runs of one setting).
+# SERVER_CPUS and CLIENT_CPUS (taskset lists, e.g. 0 and 1) keep the server and `hey` on
+# cores of their own, so that the load generator's bursts do not wait for the model's
+# cores (docs/benchmarks.md, "One margin before decoding, another after"); give the
+# server the matching `--threads` in PEREGRINE_SERVE_ARGS. Resident
 # memory is sampled every second; smaps_rollup at the peak says how much of it is anonymous
 # memory (heap, arenas, pools) and how much is mapped files (the binary, ONNX Runtime).
 #
@@ -25,8 +29,12 @@ command -v hey >/dev/null || { echo "needs hey (apt-get install hey)" >&2; exit 
 mkdir -p "$out"
 [ -x "$bin" ] || cargo build --release --locked
 
+server_pin=() client_pin=()
+[ -n "${SERVER_CPUS:-}" ] && server_pin=(taskset -c "$SERVER_CPUS")
+[ -n "${CLIENT_CPUS:-}" ] && client_pin=(taskset -c "$CLIENT_CPUS")
+
 # shellcheck disable=SC2086 # PEREGRINE_SERVE_ARGS is a list of flags.
-"$bin" serve --host 127.0.0.1 --port "$port" --request-timeout-ms 2000 --log-level warn \
+"${server_pin[@]}" "$bin" serve --host 127.0.0.1 --port "$port" --request-timeout-ms 2000 --log-level warn \
     ${PEREGRINE_SERVE_ARGS:-} 2>"$out/server.log" &
 server=$!
 trap 'kill "$server" 2>/dev/null || true' EXIT
@@ -38,7 +46,7 @@ curl -fs "http://127.0.0.1:$port/health/ready" >/dev/null
 rss() { awk '/^VmRSS/ {print $2}' "/proc/$server/status"; }
 idle_kb=$(rss)
 url="http://127.0.0.1:$port/v1/detect"
-hey -z 20s -c 8 -m POST -T image/jpeg -D "$image" -o csv "$url" >"$out/capacity.csv"
+"${client_pin[@]}" hey -z 20s -c 8 -m POST -T image/jpeg -D "$image" -o csv "$url" >"$out/capacity.csv"
 peak_kb=$idle_kb
 rm -f "$out/peak_kb"
 ( while kill -0 "$server" 2>/dev/null; do
@@ -51,7 +59,7 @@ rm -f "$out/peak_kb"
     sleep 1
 done ) >"$out/rss.txt" &
 sampler=$!
-hey -z "${duration}s" -c 48 -q 1 -m POST -T image/jpeg -D "$image" -o csv "$url" >"$out/overload.csv"
+"${client_pin[@]}" hey -z "${duration}s" -c 48 -q 1 -m POST -T image/jpeg -D "$image" -o csv "$url" >"$out/overload.csv"
 kill "$sampler" 2>/dev/null || true
 peak_kb=$(sort -n "$out/rss.txt" | tail -1)
 # Where the server refused (before the body, before or after decoding, queue full, no
