@@ -62,7 +62,8 @@ pub struct RewriteOptions {
     pub top_k: Option<usize>,
     /// Refold the head's DFL decoding (`Softmax` over axis 1, then a 1x1 `Conv`) as
     /// exponentials, sums and a division: 5 ms less per YOLO11n image on the CPU provider.
-    /// Not measured on GPU providers, so not part of the default there.
+    /// No faster on an H100 (fp32 and fp16, docs/benchmarks.md), so not part of the GPU
+    /// default.
     pub fold_dfl_softmax: bool,
 }
 
