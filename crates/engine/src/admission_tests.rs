@@ -20,10 +20,20 @@ fn shedding_engine() -> Engine {
     Engine::start(fake_config(1, 1, true), factory).unwrap()
 }
 
+/// Ready, and the batch costs the warm-up measured published to the request path (the queue
+/// task publishes them just after readiness): until then every estimate is zero.
+async fn ready_and_seeded(engine: &Engine) {
+    ready(engine).await;
+    until("the warm-up's batch costs are published", || {
+        engine.shared.wait.load().batch_cost(1).is_some()
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_is_judged_as_a_queue_not_as_many_first_requests() {
     let engine = shedding_engine();
-    ready(&engine).await;
+    ready_and_seeded(&engine).await;
     // Twenty requests arrive together with 300 ms each; none has read its body yet.
     let deadline = Instant::now() + Duration::from_millis(300);
     let permits: Vec<AdmissionPermit> = (0..20).map(|_| engine.try_admit().unwrap()).collect();
@@ -52,7 +62,7 @@ async fn a_burst_is_judged_as_a_queue_not_as_many_first_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promise_made_before_decoding_keeps_a_wider_margin_than_the_last_check() {
     let engine = shedding_engine();
-    ready(&engine).await;
+    ready_and_seeded(&engine).await;
     // Three images queued ahead: an estimate of four batches of 40 ms or so.
     let ahead = Ahead {
         decoding: 0,
