@@ -56,17 +56,16 @@ def metrics(base, save=None):
     return counters, buckets
 
 
-def total(c, name, stream=None):
-    return sum(v for (n, s, _), v in c.items() if n == name and (stream is None or s == stream))
+def total(c, name, stream=None, reason=None):
+    return sum(v for (n, s, r), v in c.items()
+               if n == name and (stream is None or s == stream) and (reason is None or r == reason))
 
 
 def dropped_by_reason(before, after, window):
     """Frames dropped per second in the window, by the server's reason, largest first."""
     name = "peregrine_stream_frames_dropped_total"
     reasons = {r for (n, _, r) in after if n == name}
-    rates = {r: (sum(v for (n, _, rr), v in after.items() if n == name and rr == r)
-                 - sum(v for (n, _, rr), v in before.items() if n == name and rr == r)) / window
-             for r in reasons}
+    rates = {r: (total(after, name, reason=r) - total(before, name, reason=r)) / window for r in reasons}
     return ", ".join(f"{r} {v:.1f}" for r, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v > 0)
 
 

@@ -6,8 +6,7 @@
 //! ONNX Runtime two transposes and 33,600 rows of 16 at 640x640: 5.2 ms of a 68 ms float
 //! YOLO11n run on the 2-vCPU development VM, and 13% of the INT8 model's time, where it stays
 //! float (docs/benchmarks.md, "The head's box decoding without its softmax"). A bias-free 1x1
-//! convolution is
-//! linear in its input, so
+//! convolution is linear in its input, so
 //!
 //! ```text
 //! Conv(softmax(x)) = Conv(e) / sum(e),   e = exp(x - max(x)),  max and sum over axis 1
