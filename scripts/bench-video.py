@@ -31,29 +31,38 @@ import peregrine_server
 CLIP_FPS = 25.0
 
 
+# The engine's histograms whose window figures go to stderr beside the table: where a
+# frame's time went once it reached the detector.
+STAGES = ("peregrine_queue_seconds", "peregrine_preprocess_seconds", "peregrine_inference_seconds")
+
+
 def metrics(base, save=None):
-    """The stream counters and glass-to-result buckets of /metrics (also written raw to `save`)."""
+    """The stream counters and every histogram's buckets (summed over labels) of /metrics
+    (also written raw to `save`). The glass-to-result buckets are `hists[GLASS]`."""
     raw = urllib.request.urlopen(base + "/metrics", timeout=10).read()
     if save:
         with open(save, "wb") as f:
             f.write(raw)
     text = raw.decode()
-    counters, buckets = {}, {}
+    counters, hists = {}, {}
     for line in text.splitlines():
-        m = re.match(r'^(peregrine_stream_\w+)\{([^}]*)\} ([0-9.e+-]+|\+Inf)$', line)
+        m = re.match(r'^(peregrine_\w+)\{([^}]*)\} ([0-9.e+-]+|\+Inf)$', line)
         if not m:
             continue
         name, labels, value = m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))), float(m.group(3))
-        if name == "peregrine_stream_glass_to_result_seconds_bucket":
+        if name.endswith("_bucket"):
             le = math.inf if labels["le"] == "+Inf" else float(labels["le"])
-            buckets[le] = buckets.get(le, 0) + value
+            h = hists.setdefault(name[:-len("_bucket")], {})
+            h[le] = h.get(le, 0) + value
+        elif not name.startswith("peregrine_stream_"):
+            continue
         elif name == "peregrine_stream_decoder":
             key = (name, labels.get("stream"), labels.get("decoder"))
             counters[key] = value
         elif name.endswith("_total"):
             key = (name, labels.get("stream"), labels.get("reason"))
             counters[key] = counters.get(key, 0) + value
-    return counters, buckets
+    return counters, hists
 
 
 def total(c, name, stream=None, reason=None):
@@ -74,6 +83,28 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / 100.0
+
+
+GLASS = "peregrine_stream_glass_to_result_seconds"
+
+
+def share_over(before, after, bound):
+    """The share of the window's observations above the bucket edge `bound` (exact, unlike
+    an interpolated quantile)."""
+    n = after.get(math.inf, 0) - before.get(math.inf, 0)
+    within = after.get(bound, 0) - before.get(bound, 0)
+    return (n - within) / n if n > 0 else float("nan")
+
+
+def stages(before, after):
+    """The window's P50 / P99 of each engine stage, in ms, as one line."""
+    parts = []
+    for name in STAGES:
+        b, a = before.get(name, {}), after.get(name, {})
+        if a:
+            short = name[len("peregrine_"):-len("_seconds")]
+            parts.append(f"{short} {quantile(b, a, 0.5) * 1e3:.1f} / {quantile(b, a, 0.99) * 1e3:.1f}")
+    return ", ".join(parts)
 
 
 def quantile(before, after, q):
@@ -148,7 +179,7 @@ def main():
                     body["detect_in_flight"] = a.in_flight
                 post(base, body)
             time.sleep(a.settle)
-            c0, b0 = metrics(base)
+            c0, h0 = metrics(base, a.profile and os.path.join(a.profile, f"metrics-{n}-start.txt"))
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
             if a.profile:
                 # The profile's request and its rendering make the window a little longer
@@ -156,7 +187,8 @@ def main():
                 save_profile(base, a.profile, n, a.seconds)
             else:
                 time.sleep(a.seconds)
-            c1, b1 = metrics(base, a.profile and os.path.join(a.profile, f"metrics-{n}.txt"))
+            c1, h1 = metrics(base, a.profile and os.path.join(a.profile, f"metrics-{n}.txt"))
+            b0, b1 = h0.get(GLASS, {}), h1.get(GLASS, {})
             window = time.monotonic() - t0
             cores = (cpu_seconds(proc.pid) - cpu0) / window
             on_nvdec = sum(1 for (n, _, d), v in c1.items() if n == "peregrine_stream_decoder" and d == "nvdec" and v == 1)
@@ -170,9 +202,11 @@ def main():
             print(f"| {n} | {mode} | {min(rates):.2f}, {sum(rates) / n:.2f} | {dropped:.1f} | {p50:.0f} / {p99:.0f} | {cores:.2f} ({cores / n:.3f}) | {on_nvdec} | {'yes' if ok else 'no'} |",
                   flush=True)
             by_reason = dropped_by_reason(c0, c1, window)
+            # Outside the table (stderr), so that its rows stay pasteable.
             if by_reason:
-                # Outside the table (stderr), so that its rows stay pasteable.
                 print(f"{n} streams, dropped / s by reason: {by_reason}", file=sys.stderr, flush=True)
+            print(f"{n} streams, glass-to-result over 100 ms: {share_over(b0, b1, 0.1):.2%}; "
+                  f"engine P50 / P99 ms: {stages(h0, h1)}", file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
