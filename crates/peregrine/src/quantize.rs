@@ -127,7 +127,9 @@ pub struct QuantizeArgs {
     /// The search stops once recall and precision on the held-out images both reach this.
     #[arg(long, env = "PEREGRINE_QUANTIZE_SEARCH_TARGET", default_value_t = 0.97)]
     pub search_target: f64,
-    /// Seconds to time each model at batch 1 and 4 on the CPU for the summary (0: skip).
+    /// Seconds to time each model at batch 1 and 4 on the CPU for the summary (0: skip):
+    /// one instance with `--threads`, then, on a machine of several cores, one single-thread
+    /// instance per core side by side (the shape INT8 serves fastest in).
     #[arg(long, env = "PEREGRINE_QUANTIZE_BENCH_SECONDS", default_value_t = 5.0)]
     pub bench_seconds: f64,
     /// Threads ONNX Runtime uses within one operator (0: one per core).
@@ -288,18 +290,54 @@ fn compare_with_float(
         let parity = quantize_report::parity(float, &mut int8, held)?;
         println!("{parity}");
     }
-    if args.bench_seconds > 0.0 {
-        let largest = float.batch_size();
-        for batch in [1, 4].into_iter().filter(|&b| b <= largest) {
-            let f = quantize_report::images_per_s(float, batch, args.bench_seconds)?;
-            let q = quantize_report::images_per_s(&mut int8, batch, args.bench_seconds)?;
-            println!(
-                "speed batch {batch}: float {f:.2} img/s, int8 {q:.2} img/s, {:.2}x",
-                q / f.max(1e-9)
-            );
+    if args.bench_seconds <= 0.0 {
+        return Ok(());
+    }
+    let batches: Vec<usize> = [1, 4].into_iter().filter(|&b| b <= float.batch_size()).collect();
+    for &batch in &batches {
+        let f = quantize_report::images_per_s(float, batch, args.bench_seconds)?;
+        let q = quantize_report::images_per_s(&mut int8, batch, args.bench_seconds)?;
+        print_speed(&format!("batch {batch}"), f, q);
+    }
+    drop(int8);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores > 1 && args.threads != 1 {
+        // The shape README's INT8 section recommends: INT8's many small integer operators
+        // gain most when none of them waits for other threads (docs/benchmarks.md).
+        let float = instances_speed(args, &args.model, cores, &batches)?;
+        let int8 = instances_speed(args, &args.out, cores, &batches)?;
+        for ((batch, f), q) in batches.iter().zip(float).zip(int8) {
+            print_speed(&format!("batch {batch}, {cores} instances x 1 thread"), f, q);
         }
     }
     Ok(())
+}
+
+fn print_speed(shape: &str, float: f64, int8: f64) {
+    println!(
+        "speed {shape}: float {float:.2} img/s, int8 {int8:.2} img/s, {:.2}x",
+        int8 / float.max(1e-9)
+    );
+}
+
+/// `path`'s images per second at each of `batches` as `instances` one-thread sessions
+/// running side by side, loaded for the measurement and dropped after it.
+fn instances_speed(
+    args: &QuantizeArgs,
+    path: &Path,
+    instances: usize,
+    batches: &[usize],
+) -> Result<Vec<f64>> {
+    let mut model = args.model_args(path)?;
+    model.threads = 1;
+    let mut detectors = (0..instances)
+        .map(|_| crate::model::load_detector(&model, 4, None))
+        .collect::<Result<Vec<_>>>()
+        .with_context(|| format!("loading {instances} instances of {}", path.display()))?;
+    batches
+        .iter()
+        .map(|&batch| quantize_report::instances_images_per_s(&mut detectors, batch, args.bench_seconds))
+        .collect()
 }
 
 /// `--search-float`: the layer groups to keep float as well, chosen on the held-out images.

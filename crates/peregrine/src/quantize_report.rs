@@ -43,6 +43,39 @@ pub fn parity(reference: &mut Detector, candidate: &mut Detector, held: &Held) -
 
 /// Images per second of `detector` on gray canvases at `batch`, after its warm-up runs.
 pub fn images_per_s(detector: &mut Detector, batch: usize, seconds: f64) -> Result<f64> {
+    instances_images_per_s(std::slice::from_mut(detector), batch, seconds)
+}
+
+/// Images per second of all `detectors` together, each on its own thread at `batch` (as the
+/// server runs its instances), timed from when every one has finished its warm-up.
+pub fn instances_images_per_s(detectors: &mut [Detector], batch: usize, seconds: f64) -> Result<f64> {
+    let start = std::sync::Barrier::new(detectors.len());
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = detectors
+            .iter_mut()
+            .map(|detector| {
+                let start = &start;
+                scope.spawn(move || timed_runs(detector, batch, seconds, start))
+            })
+            .collect();
+        let mut total = 0.0;
+        for thread in threads {
+            total += thread
+                .join()
+                .map_err(|_| anyhow::anyhow!("a timing thread panicked"))??;
+        }
+        Ok(total)
+    })
+}
+
+/// One detector's images per second; waits at `start` between its warm-up and the clock.
+/// An instance whose warm-up fails still meets the others there, so none waits forever.
+fn timed_runs(
+    detector: &mut Detector,
+    batch: usize,
+    seconds: f64,
+    start: &std::sync::Barrier,
+) -> Result<f64> {
     let spec = detector.spec().clone();
     let canvas = vec![Letterbox::PAD_VALUE; spec.image_len()];
     let letterbox = Letterbox::new(
@@ -58,14 +91,14 @@ pub fn images_per_s(detector: &mut Detector, batch: usize, seconds: f64) -> Resu
             params: DetectParams::default(),
         })
         .collect();
-    for _ in 0..detector.warm_up_runs() {
-        detector.run_prepared(&slots)?;
-    }
-    let start = Instant::now();
+    let warm_up = (0..detector.warm_up_runs()).try_for_each(|_| detector.run_prepared(&slots).map(drop));
+    start.wait();
+    warm_up?;
+    let clock = Instant::now();
     let mut runs = 0;
-    while start.elapsed().as_secs_f64() < seconds {
+    while clock.elapsed().as_secs_f64() < seconds {
         detector.run_prepared(&slots)?;
         runs += 1;
     }
-    Ok((runs * batch) as f64 / start.elapsed().as_secs_f64())
+    Ok((runs * batch) as f64 / clock.elapsed().as_secs_f64())
 }

@@ -49,8 +49,9 @@ fn quantize(dir: &TempDir) -> (std::path::PathBuf, String) {
         &out.display().to_string(),
         "--held-out",
         "2",
+        // Short, only to see the speed lines printed: ratios are measured by the scripts.
         "--bench-seconds",
-        "0",
+        "0.1",
         // The search's plumbing at no cost: a target of 0 is met before any round.
         "--search-float",
         "2",
@@ -100,6 +101,18 @@ async fn quantized_yolo11n_keeps_parity_and_serves_as_version_2() {
         stdout.contains("parity with the float model on 2 held-out images"),
         "{stdout}"
     );
+    // Both shapes are timed at both batch sizes: one instance, then one per core.
+    for batch in [1, 4] {
+        let line = format!("speed batch {batch}: float ");
+        assert!(stdout.contains(&line), "{stdout}");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores > 1 {
+        for batch in [1, 4] {
+            let line = format!("speed batch {batch}, {cores} instances x 1 thread: float ");
+            assert!(stdout.contains(&line), "{stdout}");
+        }
+    }
 
     // Metadata: how, on what, from which source.
     let model = ModelProto::decode(std::fs::read(&out).unwrap().as_slice()).unwrap();
