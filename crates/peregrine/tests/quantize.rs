@@ -106,10 +106,10 @@ async fn quantized_yolo11n_keeps_parity_and_serves_as_version_2() {
         let line = format!("speed batch {batch}: float ");
         assert!(stdout.contains(&line), "{stdout}");
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores > 1 {
+    let instances = std::thread::available_parallelism().map_or(1, |n| n.get().min(16));
+    if instances > 1 {
         for batch in [1, 4] {
-            let line = format!("speed batch {batch}, {cores} instances x 1 thread: float ");
+            let line = format!("speed batch {batch}, {instances} instances x 1 thread: float ");
             assert!(stdout.contains(&line), "{stdout}");
         }
     }
