@@ -12,7 +12,9 @@ published). A count keeps up when every stream gets at least 95% of its target r
         [-- extra serve flags]
 
 The table also gives the server's CPU use (cores, from /proc) and, with --decoder, how many
-streams the server says decode on NVDEC (`peregrine_stream_decoder`).
+streams the server says decode on NVDEC (`peregrine_stream_decoder`). On stderr, per count:
+the window's drops by reason, the share of results over 100 ms (exact, from the bucket
+edge), and the engine's queue, preprocess and inference P50 / P99.
 
 Standard library only, so it runs wherever the binary does.
 """
@@ -31,6 +33,7 @@ import peregrine_server
 CLIP_FPS = 25.0
 
 
+GLASS = "peregrine_stream_glass_to_result_seconds"
 # The engine's histograms whose window figures go to stderr beside the table: where a
 # frame's time went once it reached the detector.
 STAGES = ("peregrine_queue_seconds", "peregrine_preprocess_seconds", "peregrine_inference_seconds")
@@ -83,9 +86,6 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / 100.0
-
-
-GLASS = "peregrine_stream_glass_to_result_seconds"
 
 
 def share_over(before, after, bound):
