@@ -129,6 +129,54 @@ fn prepare_canvases(images: &[String], spec: &DetectorSpec) -> Result<Vec<(Vec<u
     Ok(prepared)
 }
 
+/// Each instance's rate over its own measured window, summed.
+fn images_per_s(runs: &[Measured], batch: usize) -> f64 {
+    runs.iter()
+        .map(|m| (m.times.len() * batch) as f64 / m.window.as_secs_f64().max(1e-9))
+        .sum()
+}
+
+/// Runs `inputs` on every detector at once, each on its own thread (as the server runs its
+/// instances), for `seconds` after its warm-up.
+fn measure_instances(
+    detectors: &mut [peregrine_engine::Detector],
+    inputs: &[Slot],
+    seconds: f64,
+) -> Result<Vec<Measured>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = detectors
+            .iter_mut()
+            .map(|d| scope.spawn(move || measure(d, inputs, seconds)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a benchmark thread panicked"))
+            .collect::<Result<Vec<_>>>()
+    })
+}
+
+/// Images per second of all `detectors` together on gray canvases at `batch`, measured as
+/// `bench-model --instances` measures them (for `peregrine quantize`'s summary).
+pub(crate) fn gray_images_per_s(
+    detectors: &mut [peregrine_engine::Detector],
+    batch: usize,
+    seconds: f64,
+) -> Result<f64> {
+    let spec = detectors.first().context("no detector to time")?.spec().clone();
+    let (canvas, letterbox) = prepare_canvases(&[], &spec)?.swap_remove(0);
+    let inputs: Vec<Slot> = (0..batch)
+        .map(|_| Slot::Canvas {
+            canvas: canvas.clone(),
+            letterbox,
+            params: DetectParams::default(),
+        })
+        .collect();
+    Ok(images_per_s(
+        &measure_instances(detectors, &inputs, seconds)?,
+        batch,
+    ))
+}
+
 /// One batch size's figures over every instance's measured runs.
 fn figures_of(runs: &[Measured], batch: usize, instances: usize) -> BatchFigures {
     let mut times: Vec<Duration> = runs.iter().flat_map(|m| m.times.iter().copied()).collect();
@@ -140,11 +188,7 @@ fn figures_of(runs: &[Measured], batch: usize, instances: usize) -> BatchFigures
         batch,
         instances,
         runs: total,
-        // Each instance's rate over its own measured window, summed.
-        images_per_s: runs
-            .iter()
-            .map(|m| (m.times.len() * batch) as f64 / m.window.as_secs_f64().max(1e-9))
-            .sum(),
+        images_per_s: images_per_s(runs, batch),
         batch_ms_p50: percentile(&times, 0.5),
         batch_ms_p99: percentile(&times, 0.99),
         normalize_ms_mean: mean(sum(|m| m.norm)),
@@ -197,19 +241,7 @@ pub fn run(args: ModelBenchArgs) -> Result<ExitCode> {
                 }
             })
             .collect();
-        let runs: Vec<Measured> = std::thread::scope(|scope| {
-            let handles: Vec<_> = detectors
-                .iter_mut()
-                .map(|d| {
-                    let inputs = &inputs;
-                    scope.spawn(move || measure(d, inputs, args.seconds))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a benchmark thread panicked"))
-                .collect::<Result<Vec<_>>>()
-        })?;
+        let runs = measure_instances(&mut detectors, &inputs, args.seconds)?;
         let f = figures_of(&runs, batch, args.instances);
         println!(
             "batch {:>3} x{}: {:>8.2} img/s  batch p50 {:>8.2} ms  p99 {:>8.2} ms  (normalize {:.2}, model {:.2}, postprocess {:.2} ms)",

@@ -23,6 +23,7 @@ use peregrine_vision::{decode_image, DetectorSpec, ImageView, LetterboxCanvas};
 use sha2::Digest;
 
 use crate::cli::ModelArgs;
+use crate::model_bench::gray_images_per_s;
 use crate::quantize_report::{self, Held};
 use crate::quantize_search;
 
@@ -295,8 +296,8 @@ fn compare_with_float(
     }
     let batches: Vec<usize> = [1, 4].into_iter().filter(|&b| b <= float.batch_size()).collect();
     for &batch in &batches {
-        let f = quantize_report::images_per_s(float, batch, args.bench_seconds)?;
-        let q = quantize_report::images_per_s(&mut int8, batch, args.bench_seconds)?;
+        let f = gray_images_per_s(std::slice::from_mut(float), batch, args.bench_seconds)?;
+        let q = gray_images_per_s(std::slice::from_mut(&mut int8), batch, args.bench_seconds)?;
         print_speed(&format!("batch {batch}"), f, q);
     }
     drop(int8);
@@ -341,7 +342,7 @@ fn instances_speed(
         .with_context(|| format!("loading {instances} instances of {}", path.display()))?;
     batches
         .iter()
-        .map(|&batch| quantize_report::instances_images_per_s(&mut detectors, batch, args.bench_seconds))
+        .map(|&batch| gray_images_per_s(&mut detectors, batch, args.bench_seconds))
         .collect()
 }
 
